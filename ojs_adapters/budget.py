@@ -1,0 +1,153 @@
+"""Retry budgets (integration standard R-7): at most a share of executions may be retries.
+
+A budget belongs to one dependency (a name tasks declare). Every execution of a
+job that uses it is recorded; ``allow_retry`` grants a retry only while retries
+in the rolling window stay within ``share`` of executions (plus a small
+``minimum`` so that a quiet dependency can still retry at all). ``decide`` asks
+the budget before it schedules a retry and exhausts the job when refused.
+
+``LocalRetryBudget`` counts in this process; ``RedisRetryBudget`` shares the
+count between every worker through Redis, one atomic round trip per call (a Lua
+script over per-second buckets). The Redis client is passed in, so the core
+never imports a client library.
+
+>>> budget = LocalRetryBudget("payments-api", share=0.2, minimum=0)
+>>> for _ in range(10):
+...     budget.record_execution()
+>>> [budget.allow_retry() for _ in range(3)]
+[True, True, False]
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from typing import Any
+
+#: Length of the rolling window, in seconds (R-7).
+WINDOW_SECONDS = 30
+#: Default share of executions that may be retries (R-7).
+DEFAULT_SHARE = 0.2
+#: Retries always allowed per window, however quiet the dependency.
+DEFAULT_MINIMUM = 3
+
+
+def _allowed(executions: int, retries: int, share: float, minimum: int) -> bool:
+    return retries < max(math.floor(executions * share), minimum)
+
+
+class LocalRetryBudget:
+    """An in-process retry budget; the fallback when no Redis is shared."""
+
+    def __init__(self, dependency: str, *, share: float = DEFAULT_SHARE,
+                 minimum: int = DEFAULT_MINIMUM, window: float = WINDOW_SECONDS) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise ValueError("share must be within [0, 1]")
+        self.dependency, self.share, self.minimum, self.window = dependency, share, minimum, window
+        self._executions: deque[float] = deque()
+        self._retries: deque[float] = deque()
+        self._lock = threading.Lock()
+
+    def _trim(self, now: float) -> None:
+        for times in (self._executions, self._retries):
+            while times and times[0] <= now - self.window:
+                times.popleft()
+
+    def record_execution(self) -> None:
+        """Count one execution (every attempt, first or retry)."""
+        now = time.monotonic()
+        with self._lock:
+            self._trim(now)
+            self._executions.append(now)
+
+    def allow_retry(self) -> bool:
+        """Take a retry from the budget if one is left."""
+        now = time.monotonic()
+        with self._lock:
+            self._trim(now)
+            if not _allowed(len(self._executions), len(self._retries), self.share,
+                            self.minimum):
+                return False
+            self._retries.append(now)
+            return True
+
+    def utilization(self) -> float:
+        """Retries in the window over the retries allowed (1.0 = spent)."""
+        with self._lock:
+            self._trim(time.monotonic())
+            cap = max(math.floor(len(self._executions) * self.share), self.minimum)
+            return len(self._retries) / cap if cap else 1.0
+
+
+# KEYS[1] executions prefix, KEYS[2] retries prefix; ARGV: now second, window, op,
+# share, minimum. op "exec" counts an execution; op "retry" grants or refuses one;
+# op "peek" returns both counts. Buckets are one key per second, expiring after the window.
+_SCRIPT = """
+local now, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local op, share, minimum = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+if op == 'exec' then
+  local key = KEYS[1] .. now
+  redis.call('INCR', key)
+  redis.call('EXPIRE', key, window + 1)
+  return 1
+end
+local execs, retries = 0, 0
+for s = now - window + 1, now do
+  execs = execs + (tonumber(redis.call('GET', KEYS[1] .. s)) or 0)
+  retries = retries + (tonumber(redis.call('GET', KEYS[2] .. s)) or 0)
+end
+if op == 'peek' then return {execs, retries} end
+if retries < math.max(math.floor(execs * share), minimum) then
+  local key = KEYS[2] .. now
+  redis.call('INCR', key)
+  redis.call('EXPIRE', key, window + 1)
+  return 1
+end
+return 0
+"""
+
+
+class RedisRetryBudget:
+    """A retry budget shared by every worker through Redis (``client``: a redis-py client).
+
+    Falls back to a ``LocalRetryBudget`` while Redis cannot be reached, so a broker
+    outage never stops retries altogether.
+    """
+
+    def __init__(self, client: Any, dependency: str, *, share: float = DEFAULT_SHARE,
+                 minimum: int = DEFAULT_MINIMUM, window: int = WINDOW_SECONDS,
+                 prefix: str = "ojs:budget") -> None:
+        self.client, self.dependency = client, dependency
+        self.share, self.minimum, self.window = share, minimum, int(window)
+        self._keys = [f"{prefix}:{dependency}:e:", f"{prefix}:{dependency}:r:"]
+        self.fallback = LocalRetryBudget(dependency, share=share, minimum=minimum,
+                                         window=window)
+
+    def _call(self, op: str) -> Any:
+        return self.client.eval(_SCRIPT, 2, *self._keys, int(time.time()), self.window, op,
+                                self.share, self.minimum)
+
+    def record_execution(self) -> None:
+        """Count one execution in the shared window."""
+        try:
+            self._call("exec")
+        except Exception:  # Redis down: count locally rather than fail the job
+            self.fallback.record_execution()
+
+    def allow_retry(self) -> bool:
+        """Take a retry from the shared budget if one is left (atomic, one round trip)."""
+        try:
+            return bool(self._call("retry"))
+        except Exception:
+            return self.fallback.allow_retry()
+
+    def utilization(self) -> float:
+        """Retries in the shared window over the retries allowed."""
+        try:
+            execs, retries = (int(v) for v in self._call("peek"))
+        except Exception:
+            return self.fallback.utilization()
+        cap = max(math.floor(execs * self.share), self.minimum)
+        return retries / cap if cap else 1.0

@@ -1,0 +1,268 @@
+"""``ojs-retry dlq``: list, show, replay, delete, purge and prune dead letters.
+
+Every verb opens the framework's dead letters through ``ojs_adapters.dlq``
+(``--framework dramatiq --broker URL``, or ``--app module:attr`` naming the app or
+broker object) and prints a table or, with ``--json``, one JSON document. The
+core imports no framework: the adapter is found through the ``ojs_adapters.dlq``
+entry points and loaded only when a verb runs.
+
+>>> from click.testing import CliRunner
+>>> CliRunner().invoke(dlq, ["list", "--framework", "none"]).exit_code
+1
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import ParamSpec, TypeVar
+
+import click
+from rich.table import Table
+
+from ojs_adapters.cli._io import console, print_json
+from ojs_adapters.dlq import (
+    DEFAULT_MAX_AGE,
+    DEFAULT_MAX_COUNT,
+    DeadLetterFilter,
+    DeadLetterQueue,
+    Retention,
+    open_dead_letter_queue,
+)
+from ojs_adapters.durations import format_duration, parse_duration
+from ojs_adapters.errors import OjsValidationError
+from ojs_adapters.history import utc_now
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _connection(command: Callable[P, R]) -> Callable[P, R]:
+    """The options that say which framework and broker; ``--json``."""
+    for decorator in reversed((
+        click.option("--framework", required=True, metavar="NAME",
+                     help="celery or dramatiq (any installed ojs_adapters.dlq backend)."),
+        click.option("--app", metavar="MODULE:ATTR",
+                     help="The Celery app, or the Dramatiq broker, to work through."),
+        click.option("--broker", metavar="URL",
+                     help="Broker URL: Dramatiq's broker instead of --app; for Celery, "
+                          "overrides the app's broker_url."),
+        click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+                     help="Framework setting. Dramatiq: namespace=NS (Redis broker), "
+                          "records=REDIS_URL and records_prefix=P (the workers' "
+                          "RedisRecordStore)."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document."),
+    )):
+        command = decorator(command)
+    return command
+
+
+def _filters(command: Callable[P, R]) -> Callable[P, R]:
+    """The options that select dead letters."""
+    for decorator in reversed((
+        click.option("--queue", help="Only this original queue (RabbitMQ needs it without --app)."),
+        click.option("--task-type", help="Task or actor name; shell patterns allowed."),
+        click.option("--error-type", help="Type of the last error, e.g. 'payment.*'."),
+        click.option("--since", help="Dead-lettered at or after: ISO 8601 time, or a duration ago "
+                                     "(P1D)."),
+        click.option("--until", help="Dead-lettered before: ISO 8601 time, or a duration ago."),
+    )):
+        command = decorator(command)
+    return command
+
+
+@contextmanager
+def _opened(framework: str, app: str | None, broker: str | None, options: tuple[str, ...],
+            queue: str | None = None) -> Iterator[DeadLetterQueue]:
+    settings = dict(item.partition("=")[::2] for item in options)
+    try:
+        dlq = open_dead_letter_queue(framework, app=app, broker=broker,
+                                     queues=[queue] if queue else [], options=settings)
+    except (LookupError, ValueError, TypeError, ImportError, AttributeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        yield dlq
+    finally:
+        dlq.close()
+
+
+def _reports_errors(command: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except (OjsValidationError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a broker refusing: one line, not a traceback
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+
+    return wrapper
+
+
+def _moment(value: str | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    if value.startswith("P"):
+        return utc_now() - parse_duration(value, field=name)
+    moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _filter(queue: str | None, task_type: str | None, error_type: str | None,
+            since: str | None, until: str | None,
+            ids: tuple[str, ...] = ()) -> DeadLetterFilter:
+    return DeadLetterFilter(queue=queue, task_type=task_type, error_type=error_type,
+                            since=_moment(since, "since"), until=_moment(until, "until"),
+                            ids=frozenset(ids) if ids else None)
+
+
+@click.group()
+def dlq() -> None:
+    """Manage dead-lettered jobs: list, show, replay, delete, purge, prune.
+
+    \b
+    Examples:
+      ojs-retry dlq list --framework dramatiq --broker redis://localhost:6379/0
+      ojs-retry dlq list --framework celery --app myapp.celery:app --error-type 'payment.*'
+      ojs-retry dlq show JOB_ID --framework celery --app myapp.celery:app
+      ojs-retry dlq replay --framework dramatiq --app myapp.broker:broker --task-type charge
+      ojs-retry dlq prune --framework dramatiq --broker redis://localhost --max-age P30D
+    """
+
+
+@dlq.command(name="list")
+@_connection
+@_filters
+@click.option("--page", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--per-page", type=click.IntRange(min=1), default=50, show_default=True)
+@_reports_errors
+def list_(framework: str, app: str | None, broker: str | None, options: tuple[str, ...],
+          as_json: bool, queue: str | None, task_type: str | None, error_type: str | None,
+          since: str | None, until: str | None, page: int, per_page: int) -> None:
+    """List dead letters, oldest first, one page at a time."""
+    filters = _filter(queue, task_type, error_type, since, until)
+    with _opened(framework, app, broker, options, queue) as queue_:
+        found = queue_.list(filters, page=page, per_page=per_page)
+    if as_json:
+        print_json({"page": found.number, "per_page": found.size, "pages": found.pages,
+                    "total": found.total,
+                    "items": [x.to_dict(payload=False) for x in found.items]})
+        return
+    table = Table(title=f"page {found.number}/{found.pages}, {found.total} dead letters")
+    for name in ("id", "queue", "task type", "error", "attempt", "replays", "dead-lettered at"):
+        table.add_column(name, no_wrap=name in ("id", "dead-lettered at"))
+    for x in found.items:
+        table.add_row(x.id, x.queue, x.task_type, x.error_type or "-", str(x.attempt),
+                      str(x.replay_count), x.to_dict(payload=False)["dead_lettered_at"])
+    console().print(table)
+
+
+@dlq.command()
+@click.argument("job_id")
+@_connection
+@click.option("--queue", help="The job's original queue (RabbitMQ needs it without --app).")
+@_reports_errors
+def show(job_id: str, framework: str, app: str | None, broker: str | None,
+         options: tuple[str, ...], as_json: bool, queue: str | None) -> None:
+    """Show one dead job: its full error history and original payload."""
+    with _opened(framework, app, broker, options, queue) as queue_:
+        found = queue_.show(job_id)
+    if found is None:
+        raise click.ClickException(f"no dead letter with id {job_id!r}")
+    data = found.to_dict()
+    if as_json:
+        print_json(data)
+        return
+    out = console()
+    for key in ("id", "queue", "task_type", "error_type", "error_code", "dead_lettered_at",
+                "attempt", "replay_count", "last_replayed_at"):
+        out.print(f"{key}: {data[key]}")
+    out.print("history:")
+    for entry in found.history:
+        out.print(f"  attempt {entry.attempt} {entry.occurred_at} {entry.code} {entry.type}: "
+                  f"{entry.message}")
+    out.print_json(data=data["payload"], default=str)
+
+
+@dlq.command()
+@click.argument("job_ids", nargs=-1)
+@_connection
+@_filters
+@click.option("--all", "everything", is_flag=True, help="Replay every dead letter.")
+@click.option("--limit", type=click.IntRange(min=1), help="Replay at most this many, oldest first.")
+@_reports_errors
+def replay(job_ids: tuple[str, ...], framework: str, app: str | None, broker: str | None,
+           options: tuple[str, ...], as_json: bool, queue: str | None, task_type: str | None,
+           error_type: str | None, since: str | None, until: str | None, everything: bool,
+           limit: int | None) -> None:
+    """Send dead jobs back to their queues as attempt 1 (history kept).
+
+    Safe to interrupt: each job is either still dead or queued once.
+    """
+    filters = _filter(queue, task_type, error_type, since, until, job_ids)
+    if filters.is_empty and not everything:
+        raise click.UsageError("give job ids, a filter, or --all")
+    with _opened(framework, app, broker, options, queue) as queue_:
+        report = queue_.replay(filters, limit=limit)
+    if as_json:
+        print_json({"replayed": list(report.replayed), "skipped": list(report.skipped)})
+        return
+    click.echo(f"replayed {len(report.replayed)} dead letters"
+               + (f"; skipped {len(report.skipped)} no longer dead" if report.skipped else ""))
+
+
+@dlq.command()
+@click.argument("job_ids", nargs=-1)
+@_connection
+@_filters
+@_reports_errors
+def delete(job_ids: tuple[str, ...], framework: str, app: str | None, broker: str | None,
+           options: tuple[str, ...], as_json: bool, queue: str | None, task_type: str | None,
+           error_type: str | None, since: str | None, until: str | None) -> None:
+    """Delete the given dead jobs (by id or filter)."""
+    filters = _filter(queue, task_type, error_type, since, until, job_ids)
+    if filters.is_empty:
+        raise click.UsageError("give job ids or a filter (purge removes everything)")
+    with _opened(framework, app, broker, options, queue) as queue_:
+        removed = queue_.delete(filters)
+    print_json({"deleted": removed}) if as_json else click.echo(f"deleted {removed}")
+
+
+@dlq.command()
+@_connection
+@_filters
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@_reports_errors
+def purge(framework: str, app: str | None, broker: str | None, options: tuple[str, ...],
+          as_json: bool, queue: str | None, task_type: str | None, error_type: str | None,
+          since: str | None, until: str | None, yes: bool) -> None:
+    """Delete every dead letter (of --queue, or matching the filters)."""
+    filters = _filter(queue, task_type, error_type, since, until)
+    if not yes:
+        click.confirm(f"Delete every matching dead letter ({framework})?", abort=True)
+    with _opened(framework, app, broker, options, queue) as queue_:
+        removed = queue_.purge(filters)
+    print_json({"purged": removed}) if as_json else click.echo(f"purged {removed}")
+
+
+@dlq.command()
+@_connection
+@click.option("--queue", help="Only look at this queue (RabbitMQ needs it without --app).")
+@click.option("--max-age", default=format_duration(DEFAULT_MAX_AGE), show_default=True,
+              help="ISO 8601 duration; older dead letters go. 'none' keeps any age.")
+@click.option("--max-count", default=str(DEFAULT_MAX_COUNT), show_default=True,
+              help="Most dead letters kept per queue (newest); 'none' for no limit.")
+@_reports_errors
+def prune(framework: str, app: str | None, broker: str | None, options: tuple[str, ...],
+          as_json: bool, queue: str | None, max_age: str, max_count: str) -> None:
+    """Apply retention now: drop dead letters past --max-age, then the oldest past --max-count."""
+    retention = Retention(
+        max_age=None if max_age == "none" else parse_duration(max_age, field="max_age"),
+        max_count=None if max_count == "none" else int(max_count))
+    with _opened(framework, app, broker, options, queue) as queue_:
+        removed = queue_.prune(retention, queue=queue)
+    print_json({"pruned": removed}) if as_json else click.echo(f"pruned {removed}")

@@ -1,0 +1,116 @@
+"""``ojs-retry migrate``: retry settings of another system to OJS policies."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from ojs_adapters.cli._io import (
+    EXIT_UNSUPPORTED,
+    console,
+    human_seconds,
+    print_json,
+    read_text,
+    reports_ojs_errors,
+)
+from ojs_adapters.errors import OjsValidationError
+from ojs_adapters.migrate import DIALECTS, Migration, migrate_path, migrate_text
+
+
+@click.command()
+@click.option("--from", "dialect", required=True, type=click.Choice(sorted(DIALECTS)),
+              help="The system the settings were written for.")
+@click.argument("source", metavar="FILE|DIR", default="-")
+@click.option("--version", "version",
+              help="Sidekiq or Faktory version (the delay formula and defaults depend on it).")
+@click.option("--cap-unbounded", "cap", type=click.IntRange(min=1), metavar="N",
+              help="Use N attempts where the source retries for ever (Celery max_retries=None, "
+                   "Dramatiq retry_when, Temporal maximumAttempts 0). Reported as lossy.")
+@click.option("--ruby", is_flag=True, help="Read stdin as Ruby source (sidekiq_options lines).")
+@click.option("--rows", is_flag=True, help="Also print the fidelity table, retry by retry.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@reports_ojs_errors
+def migrate(dialect: str, source: str, version: str | None, cap: int | None, ruby: bool,
+            rows: bool, as_json: bool) -> None:
+    """Translate another system's retry settings into OJS policies.
+
+    FILE|DIR is a JSON or YAML file of options (one job's, a mapping of job
+    names to options, or a list), a Sidekiq .rb file (literal sidekiq_options
+    lines; anything dynamic is reported, not guessed), a directory searched for
+    such files, or - for stdin. For each job it prints the policy as JSON, the
+    notes on every lossy or approximate step, and the fidelity: the worst
+    ratio of new to old expected delay over all retries.
+
+    Exit status 3 when a job has no OJS equivalent (for example Celery
+    max_retries=None): nothing is capped silently; pass --cap-unbounded N.
+
+    \b
+    Example:
+      ojs-retry migrate --from sidekiq app/jobs/ --version 7.3
+      ojs-retry migrate --from celery tasks.yaml --json
+      echo '{"retry": -1}' | ojs-retry migrate --from faktory -
+      ojs-retry migrate --from celery tasks.json --cap-unbounded 50
+    """
+    spec = DIALECTS[dialect]
+    if version is not None and not spec.takes_version:
+        raise click.UsageError(f"--version does not apply to {dialect} (only to sidekiq and "
+                               "faktory)")
+    if cap is not None and not spec.takes_cap:
+        raise click.UsageError(f"--cap-unbounded does not apply to {dialect}: it has no "
+                               "unbounded retry setting")
+    options = {"version": version, "unbounded_attempts": cap}
+    if source == "-":
+        text, origin = read_text(source)
+        found = migrate_text(dialect, text, origin=origin, ruby=ruby, **options)
+    else:
+        found = migrate_path(dialect, source, **options)
+    if not found:
+        raise OjsValidationError(f"no {dialect} retry settings found in {source}",
+                                 code="INVALID_PAYLOAD",
+                                 details={"field": source, "rule": "must hold retry settings"})
+    if as_json:
+        print_json({"dialect": dialect, "ok": all(m.ok for m in found),
+                    "migrations": [m.to_dict() for m in found]})
+    else:
+        for migration in found:
+            _show(migration, rows)
+    if not all(m.ok for m in found):
+        sys.exit(EXIT_UNSUPPORTED)
+
+
+def _show(migration: Migration, rows: bool) -> None:
+    out = console()
+    title = migration.name or "(options)"
+    where = f"  [{migration.origin}]" if migration.origin else ""
+    out.rule(Text(f"{migration.dialect}: {title}{where}"), style="dim")
+    if migration.policy is None:
+        out.print("[bold red]no OJS policy[/bold red]: see the unsupported notes below")
+    else:
+        out.print(json.dumps(migration.policy.to_dict(), indent=2), markup=False)
+    if migration.handler_codes:
+        out.print("handler response codes needed:", markup=False)
+        for error, code in migration.handler_codes.items():
+            out.print(f"  raise JobError({error!r}, code={code!r})", markup=False)
+    for note in migration.notes:
+        out.print(f"  - {note}", markup=False)
+    fidelity = migration.fidelity
+    if fidelity is not None:
+        out.print(f"fidelity: {fidelity.summary()}", markup=False)
+        if rows and fidelity.rows:
+            table = Table("Retry #", "Old delay", "New delay", "Ratio")
+            for row in fidelity.rows:
+                ratio = "inf" if math.isinf(row.ratio) else f"{row.ratio:.3g}"
+                table.add_row(str(row.retry), _band(row.old.low, row.old.high),
+                              _band(row.new.low, row.new.high), ratio)
+            out.print(table)
+
+
+def _band(low: float, high: float) -> str:
+    if low == high:
+        return human_seconds(low)
+    return f"{human_seconds(low)} to {human_seconds(high)}"

@@ -1,0 +1,80 @@
+"""Dead-letter management, one API over Celery's and Dramatiq's dead-letter queues.
+
+List (filter by queue, task type, error type and time; paginated), show one job
+with its history and original payload, replay (back to its queue as attempt 1,
+history kept, ``replay_count`` and ``last_replayed_at`` recorded), delete, purge,
+and retention (180 days and 10,000 per queue by default) on demand or from a
+scheduler. The broker work lives in the adapters (``dramatiq_ext.dlq``,
+``celery_ext.dlq``), found through the entry-point group ``ojs_adapters.dlq``.
+
+>>> from datetime import datetime, timezone
+>>> from ojs_adapters.dlq.memory import MemoryDeadLetterStore
+>>> store = MemoryDeadLetterStore()
+>>> store.add(DeadLetter(id="m1", queue="emails", task_type="send", error_type="smtp.Down",
+...                      dead_lettered_at=datetime.now(timezone.utc), attempt=3))
+>>> dlq = DeadLetters(store)
+>>> [x.id for x in dlq.list(DeadLetterFilter(error_type="smtp.*")).items]
+['m1']
+>>> dlq.replay(["m1"]).replayed, store.requeued[0][1].replay_count
+(('m1',), 1)
+"""
+
+from ojs_adapters.dlq._model import (
+    DeadLetter,
+    DeadLetterFilter,
+    Page,
+    ReplayMark,
+    last_error,
+    replayed_record,
+)
+from ojs_adapters.dlq._queue import (
+    PAGE_SIZE,
+    REPLAY_BATCH,
+    DeadLetterQueue,
+    DeadLetters,
+    DeadLetterStore,
+    ReplayReport,
+    Selection,
+)
+from ojs_adapters.dlq._registry import (
+    ENTRY_POINT_GROUP,
+    Opener,
+    frameworks,
+    load_object,
+    open_dead_letter_queue,
+)
+from ojs_adapters.dlq._retention import (
+    DEFAULT_MAX_AGE,
+    DEFAULT_MAX_COUNT,
+    DEFAULT_RETENTION,
+    Retention,
+    expired,
+    prune_hook,
+)
+
+__all__ = [
+    "DEFAULT_MAX_AGE",
+    "DEFAULT_MAX_COUNT",
+    "DEFAULT_RETENTION",
+    "ENTRY_POINT_GROUP",
+    "PAGE_SIZE",
+    "REPLAY_BATCH",
+    "DeadLetter",
+    "DeadLetterFilter",
+    "DeadLetterQueue",
+    "DeadLetterStore",
+    "DeadLetters",
+    "Opener",
+    "Page",
+    "ReplayMark",
+    "ReplayReport",
+    "Retention",
+    "Selection",
+    "expired",
+    "frameworks",
+    "last_error",
+    "load_object",
+    "open_dead_letter_queue",
+    "prune_hook",
+    "replayed_record",
+]

@@ -1,0 +1,124 @@
+"""Handing a job from one attempt to the next: error headers, attempt ids, duplicate checks.
+
+Both adapters hand a failed job on by publishing a successor (the retry, or the
+dead-letter copy) and acknowledging the original only after the broker accepted
+it. A crash between the two leaves both on the broker; this module says what a
+delivery is, so the adapters run every attempt at most once:
+
+- ``attempt_id(job_id, attempt)``: the stable id of one attempt (``<job id>:<n>``).
+- ``error_headers(entry, attempt)``: the ``x-ojs-*`` headers of a republished
+  failed job (ojs-errors.md section 5.3, ERR-008). Built from the history entry
+  only: a job's arguments never go into them.
+- ``judge_delivery(record, attempt, claim=...)``: what to do with a delivery, given
+  the job record and the attempt's claim (each published copy carries a token; the
+  first copy to claim an attempt owns it).
+
+>>> error_headers(ErrorEntry(1, "HANDLER_ERROR", "SmtpError", "refused", "2026-02-15T10:30:00Z"),
+...               2)["x-ojs-error-details"]
+'{"type":"SmtpError","attempt":1,"occurred_at":"2026-02-15T10:30:00Z"}'
+>>> judge_delivery(None, 1)
+'run'
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any, Literal
+
+from ojs_adapters.history import ErrorEntry, JobRecord
+
+#: The AMQP header names of ojs-errors.md section 5.3 (and the attempt of section 12.4).
+ERROR_CODE_HEADER = "x-ojs-error-code"
+ERROR_MESSAGE_HEADER = "x-ojs-error-message"
+ERROR_DETAILS_HEADER = "x-ojs-error-details"
+ATTEMPT_HEADER = "x-ojs-attempt"
+#: Every header ``error_headers`` writes.
+HEADER_NAMES = (ERROR_CODE_HEADER, ERROR_MESSAGE_HEADER, ERROR_DETAILS_HEADER, ATTEMPT_HEADER)
+#: Longest ``x-ojs-error-message`` value, in characters (headers live in every frame).
+MAX_HEADER_MESSAGE = 1024
+#: Record key (in ``JobRecord.extra``) naming the successor the broker accepted.
+HANDED_OFF = "handed_off"
+#: ``HANDED_OFF`` value once the dead-letter copy was accepted.
+DEAD_LETTER_SUCCESSOR = "dead_letter"
+
+#: The attempt's claim as this copy found it: just taken by this copy ("new"), taken
+#: by this same copy on an earlier delivery ("mine"), or held by another copy ("other").
+Claim = Literal["new", "mine", "other"]
+#: What a delivery is: run it; count its lost previous run (RET-12); publish the
+#: successor again (its first publish may not have landed); redo the terminal step
+#: (the dead letter may not have landed); or drop it, a duplicate.
+Verdict = Literal["run", "lost", "resend", "redo_terminal", "duplicate"]
+
+
+def attempt_id(job_id: str, attempt: int) -> str:
+    """The stable id of attempt ``attempt`` of job ``job_id``.
+
+    >>> attempt_id("7c1e", 2)
+    '7c1e:2'
+    """
+    return f"{job_id}:{attempt}"
+
+
+def error_headers(entry: ErrorEntry, attempt: int) -> dict[str, Any]:
+    """The ``x-ojs-*`` headers of a job republished after the failure ``entry``.
+
+    ``x-ojs-attempt`` is ``attempt``: for a retry the attempt it runs as (as in
+    ojs-errors.md section 12.4), for a dead letter the last attempt that ran.
+    """
+    details: dict[str, Any] = {"type": entry.type, "attempt": entry.attempt,
+                               "occurred_at": entry.occurred_at}
+    if entry.handler_code:
+        details["handler_code"] = entry.handler_code
+    if entry.details:
+        details["details"] = dict(entry.details)
+    message = entry.message or entry.code
+    if len(message) > MAX_HEADER_MESSAGE:
+        message = message[:MAX_HEADER_MESSAGE] + "..."
+    return {
+        ERROR_CODE_HEADER: entry.code,
+        ERROR_MESSAGE_HEADER: message,
+        ERROR_DETAILS_HEADER: json.dumps(details, separators=(",", ":"), default=repr),
+        ATTEMPT_HEADER: attempt,
+    }
+
+
+def successor_of(record: JobRecord) -> str:
+    """The ``HANDED_OFF`` value that says ``record``'s successor was accepted by the broker."""
+    if record.state == "retryable":
+        return attempt_id(record.id, record.attempt + 1)
+    return DEAD_LETTER_SUCCESSOR
+
+
+def handed_off(record: JobRecord) -> JobRecord:
+    """``record`` marked: its successor is on the broker (write it after the publish)."""
+    return replace(record, extra={**record.extra, HANDED_OFF: successor_of(record)})
+
+
+def judge_delivery(record: JobRecord | None, attempt: int, *, claim: Claim = "new") -> Verdict:
+    """What to do with a delivery of ``attempt``, given the job ``record`` and the ``claim``.
+
+    Another copy's claim makes this one a duplicate. This copy's own earlier claim
+    with a record that never saw the attempt start means its earlier delivery ran
+    while the store was unreachable: that attempt is lost (RET-12), not run again.
+
+    >>> rec = JobRecord("j", "t", "q", 3).started(2)
+    >>> judge_delivery(rec, 2), judge_delivery(rec, 2, claim="other"), judge_delivery(rec, 1)
+    ('lost', 'duplicate', 'duplicate')
+    >>> judge_delivery(rec, 3), judge_delivery(rec, 3, claim="mine")
+    ('run', 'lost')
+    """
+    if claim == "other":
+        return "duplicate"
+    if record is None or record.attempt < attempt:
+        return "lost" if claim == "mine" else "run"
+    if record.attempt > attempt:
+        return "duplicate"
+    accepted = record.extra.get(HANDED_OFF) == successor_of(record)
+    if record.state == "active":
+        return "lost"
+    if record.state == "retryable":
+        return "duplicate" if accepted else "resend"
+    if record.state == "discarded" and record.dead_lettered and not accepted:
+        return "redo_terminal"
+    return "duplicate"

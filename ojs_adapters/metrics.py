@@ -1,0 +1,65 @@
+"""Optional Prometheus metrics for retry decisions (the ``metrics`` extra: prometheus-client).
+
+Nothing here runs unless ``enable_metrics()`` is called, so a process without the
+extra pays nothing. The names are the same from both frameworks:
+``ojs_retry_attempts_total{task,queue,attempt}``, ``ojs_retry_exhausted_total{task,queue}``,
+``ojs_dead_letter_total{queue}``, ``ojs_discarded_total{reason}`` (discard, fail,
+non_retryable, exhausted) and the ``ojs_retry_backoff_seconds`` histogram.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from ojs_adapters import events
+from ojs_adapters.errors import OjsResourceError
+
+#: Histogram buckets for backoff delays, in seconds.
+BACKOFF_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 86400)
+
+
+class PrometheusMetrics:
+    """A decision hook that counts decisions in a Prometheus registry."""
+
+    def __init__(self, registry: Any = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Histogram
+
+        reg = REGISTRY if registry is None else registry
+        self.attempts = Counter("ojs_retry_attempts_total", "Retries scheduled",
+                                ["task", "queue", "attempt"], registry=reg)
+        self.exhausted = Counter("ojs_retry_exhausted_total", "Jobs that ran out of attempts",
+                                 ["task", "queue"], registry=reg)
+        self.dead_letter = Counter("ojs_dead_letter_total", "Jobs moved to a dead-letter queue",
+                                   ["queue"], registry=reg)
+        self.discarded = Counter("ojs_discarded_total", "Jobs ended without a dead letter",
+                                 ["reason"], registry=reg)
+        self.backoff = Histogram("ojs_retry_backoff_seconds", "Backoff delay of each retry",
+                                 buckets=BACKOFF_BUCKETS, registry=reg)
+
+    def __call__(self, event: events.DecisionEvent) -> None:
+        d = event.decision
+        if d.action == "retry":
+            self.attempts.labels(event.task, event.queue, str(d.attempt + 1)).inc()
+            self.backoff.observe(d.delay or 0.0)
+            return
+        if d.exhausted:
+            self.exhausted.labels(event.task, event.queue).inc()
+        if d.action == "dead_letter":
+            self.dead_letter.labels(event.queue).inc()
+            return
+        reason = {"non_retryable": "non_retryable", "not_retryable_code": "non_retryable",
+                  "exhausted": "exhausted"}.get(d.reason, d.action)
+        self.discarded.labels(reason).inc()
+
+
+def enable_metrics(registry: Any = None) -> PrometheusMetrics:
+    """Install a ``PrometheusMetrics`` hook; a clear error if prometheus-client is missing."""
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise OjsResourceError(
+            "metrics need prometheus-client: pip install 'ojs-adapters[metrics]'",
+            code="UNSUPPORTED_FEATURE", details={"extra": "metrics"},
+        )
+    hook = PrometheusMetrics(registry)
+    events.add_hook(hook)
+    return hook

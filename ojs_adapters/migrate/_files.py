@@ -1,0 +1,181 @@
+"""Reading retry settings from files: JSON, YAML, and Sidekiq's Ruby source.
+
+A document holds either one job's options (``{"retry": 5}``), a mapping of
+job names to options (``{"HardJob": {"retry": 5}}``) or a list of options
+(each may carry a ``name`` or ``class``). ``DIALECTS`` is the table of
+translators and the option names that tell the first shape from the second.
+
+>>> [m.policy.max_attempts for m in migrate_text("sidekiq", "HardJob: {retry: 2}\\n")]
+[3]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ojs_adapters.errors import OjsValidationError
+from ojs_adapters.migrate._model import Migration, Note
+from ojs_adapters.migrate._ruby import read_ruby
+from ojs_adapters.migrate.bullmq import from_bullmq
+from ojs_adapters.migrate.celery import from_celery
+from ojs_adapters.migrate.dramatiq import from_dramatiq
+from ojs_adapters.migrate.faktory import from_faktory
+from ojs_adapters.migrate.queue_backoff import from_queue_backoff
+from ojs_adapters.migrate.sidekiq import from_sidekiq
+from ojs_adapters.migrate.temporal import from_temporal
+
+Translate = Callable[..., Migration]
+#: Payload fields that name the job (Sidekiq ``class``, Faktory ``jobtype``, ...).
+_NAME_KEYS = ("class", "jobtype", "name", "task", "actor_name")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """A source dialect: its translator, what it accepts, and its option names."""
+
+    translate: Translate
+    options: frozenset[str]
+    suffixes: tuple[str, ...] = (".json", ".yaml", ".yml")
+    takes_version: bool = False
+    takes_cap: bool = False
+
+
+#: Every dialect ``ojs-retry migrate --from`` knows, as data.
+DIALECTS: dict[str, Dialect] = {
+    "sidekiq": Dialect(from_sidekiq, frozenset({"retry", "dead", "retry_for", "sidekiq_retry_in",
+                                                "retry_in", "max_retries", "queue"}),
+                       (".json", ".yaml", ".yml", ".rb"), takes_version=True),
+    "faktory": Dialect(from_faktory, frozenset({"retry", "jid", "jobtype", "args", "queue"}),
+                       takes_version=True),
+    "celery": Dialect(from_celery, frozenset({"max_retries", "default_retry_delay",
+                                              "autoretry_for", "dont_autoretry_for",
+                                              "retry_backoff", "retry_backoff_max",
+                                              "retry_jitter", "retry_kwargs"}), takes_cap=True),
+    "dramatiq": Dialect(from_dramatiq, frozenset({"max_retries", "min_backoff", "max_backoff",
+                                                  "retry_when", "throws"}), takes_cap=True),
+    "bullmq": Dialect(from_bullmq, frozenset({"attempts", "backoff", "removeOnFail"})),
+    "temporal": Dialect(from_temporal, frozenset({
+        "initialInterval", "backoffCoefficient", "maximumInterval", "maximumAttempts",
+        "nonRetryableErrorTypes", "initial_interval", "backoff_coefficient", "maximum_interval",
+        "maximum_attempts", "non_retryable_error_types"}), takes_cap=True),
+    "queue": Dialect(from_queue_backoff, frozenset({"MaxRetries", "RetryBackoffBaseMS",
+                                                    "RetryBackoffMaxMS", "max_retries"})),
+}
+
+
+def load_document(text: str, origin: str = "<input>") -> Any:
+    """Parse JSON or YAML text; ``OjsValidationError`` (``INVALID_PAYLOAD``) if neither."""
+    stripped = text.strip()
+    if not stripped:
+        raise _unreadable(origin, "is empty")
+    if stripped[0] in "{[":
+        try:
+            return json.loads(stripped)
+        except ValueError:
+            pass  # YAML flow style ({retry: 5}) is not JSON
+    try:
+        return yaml.safe_load(stripped)
+    except yaml.YAMLError as exc:
+        raise _unreadable(origin, f"is neither JSON nor YAML ({' '.join(str(exc).split())})")\
+            from None
+
+
+def migrate_text(dialect: str, text: str, *, origin: str = "<input>", ruby: bool = False,
+                 **options: Any) -> list[Migration]:
+    """Translate every job found in ``text`` (Ruby source when ``ruby``)."""
+    spec = _dialect(dialect)
+    if ruby:
+        return [_from_ruby(spec, job_name, line, opts, dynamic, origin, options)
+                for job_name, line, opts, dynamic in _ruby_jobs(text)]
+    return [spec.translate(opts, name=job_name, origin=origin, **_kwargs(spec, options))
+            for job_name, opts in _entries(load_document(text, origin), spec, origin)]
+
+
+def migrate_path(dialect: str, path: str | Path, **options: Any) -> list[Migration]:
+    """Translate every job in a file, or in every matching file under a directory."""
+    spec = _dialect(dialect)
+    root = Path(path)
+    if not root.exists():
+        raise _unreadable(str(root), "does not exist")
+    files = [root] if root.is_file() else sorted(
+        p for p in root.rglob("*") if p.is_file() and p.suffix in spec.suffixes)
+    out: list[Migration] = []
+    for file in files:
+        text = file.read_text(encoding="utf-8", errors="replace")
+        out.extend(migrate_text(dialect, text, origin=str(file), ruby=file.suffix == ".rb",
+                                **options))
+    return out
+
+
+def _dialect(name: str) -> Dialect:
+    try:
+        return DIALECTS[name]
+    except KeyError:
+        raise OjsValidationError(
+            f"unknown dialect {name!r}; known: {', '.join(DIALECTS)}", code="INVALID_ARGS",
+            details={"field": "dialect", "value": name,
+                     "rule": "must be one of " + ", ".join(DIALECTS)}) from None
+
+
+def _kwargs(spec: Dialect, options: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if spec.takes_version and options.get("version") is not None:
+        out["version"] = options["version"]
+    if spec.takes_cap and options.get("unbounded_attempts") is not None:
+        out["unbounded_attempts"] = options["unbounded_attempts"]
+    return out
+
+
+def _entries(doc: Any, spec: Dialect, origin: str) -> Iterator[tuple[str | None, Any]]:
+    if isinstance(doc, list):
+        for index, item in enumerate(doc):
+            if not isinstance(item, Mapping):
+                raise _unreadable(f"{origin}[{index}]", "must be a mapping of options")
+            label, rest = _named(item, spec)
+            yield label or f"#{index}", rest
+        return
+    if not isinstance(doc, Mapping):
+        raise _unreadable(origin, "must hold a mapping of options, of job names to options, "
+                          "or a list")
+    keys = {str(k).lstrip(":") for k in doc}
+    if not doc or keys & spec.options or not all(isinstance(v, Mapping) for v in doc.values()):
+        yield _named(doc, spec)
+        return
+    for job_name, opts in doc.items():
+        yield str(job_name), opts
+
+
+def _named(item: Mapping[Any, Any], spec: Dialect) -> tuple[str | None, dict[Any, Any]]:
+    """The job's name from its payload (``class``, ``jobtype``, ...) and the other options."""
+    label = next((item[k] for k in _NAME_KEYS if isinstance(item.get(k), str)), None)
+    rest = {k: v for k, v in item.items() if k not in _NAME_KEYS or k in spec.options}
+    return label, rest
+
+
+def _ruby_jobs(text: str) -> Iterator[tuple[str | None, int, dict[str, Any],
+                                             tuple[tuple[int, str], ...]]]:
+    for job in read_ruby(text):
+        yield job.name, job.line, job.options, job.dynamic
+
+
+def _from_ruby(spec: Dialect, name: str | None, line: int, opts: dict[str, Any],
+               dynamic: tuple[tuple[int, str], ...], origin: str,
+               options: Mapping[str, Any]) -> Migration:
+    migration = spec.translate(opts, name=name, origin=f"{origin}:{line}",
+                               **_kwargs(spec, options))
+    seen = tuple(Note("info", None, f"line {at}: dynamic Ruby left unevaluated: {text}")
+                 for at, text in dynamic)
+    return Migration(migration.dialect, migration.policy, migration.notes + seen,
+                     migration.fidelity, migration.handler_codes, migration.name,
+                     migration.origin, migration.options)
+
+
+def _unreadable(origin: str, rule: str) -> OjsValidationError:
+    return OjsValidationError(f"{origin} {rule}", code="INVALID_PAYLOAD",
+                              details={"field": origin, "rule": rule})

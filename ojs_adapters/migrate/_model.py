@@ -1,0 +1,233 @@
+"""The values a migration produces: ``Note``, ``Band``, ``Fidelity`` and ``Migration``.
+
+A ``Migration`` is the OJS policy chosen for one job's retry settings in another
+dialect, every lossy or approximate step in plain words (``notes``), and a
+comparison of the old and new delay schedules (``fidelity``).
+
+>>> band = Band(10.0, 20.0, 15.0)
+>>> Fidelity((FidelityRow(1, band, Band(7.5, 22.5, 15.0)),)).worst_ratio
+1.0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ojs_adapters.failure import HandlerCode
+from ojs_adapters.policy import RetryPolicy
+
+#: How far a step strays from the source: ``info`` changes nothing, ``approximate``
+#: keeps the intent with different numbers, ``lossy`` drops behaviour, and
+#: ``unsupported`` means OJS has no equivalent and nothing was guessed.
+Severity = Literal["info", "approximate", "lossy", "unsupported"]
+SEVERITIES: tuple[Severity, ...] = ("info", "approximate", "lossy", "unsupported")
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """One remark on a translation step, tied to the source option it concerns.
+
+    >>> str(Note("lossy", "retry_when", "a predicate is code; it was not translated"))
+    'lossy: retry_when: a predicate is code; it was not translated'
+    """
+
+    severity: Severity
+    field: str | None
+    text: str
+
+    def __str__(self) -> str:
+        where = f"{self.field}: " if self.field else ""
+        return f"{self.severity}: {where}{self.text}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON for ``ojs-retry migrate --json``."""
+        return {"severity": self.severity, "field": self.field, "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """A delay in seconds as a range and its expected value (``low`` <= ``mean`` <= ``high``)."""
+
+    low: float
+    high: float
+    mean: float
+
+    def to_dict(self) -> dict[str, float]:
+        """Plain JSON, rounded to the millisecond."""
+        return {"low": _r(self.low), "high": _r(self.high), "mean": _r(self.mean)}
+
+
+@dataclass(frozen=True, slots=True)
+class FidelityRow:
+    """The old and new delay before retry ``retry`` (1-indexed; retry 1 is attempt 2)."""
+
+    retry: int
+    old: Band
+    new: Band
+
+    @property
+    def ratio(self) -> float:
+        """New expected delay over old: above 1 the OJS policy waits longer."""
+        if self.old.mean == 0:
+            return 1.0 if self.new.mean == 0 else math.inf
+        return self.new.mean / self.old.mean
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON; an infinite ratio is written as ``null``."""
+        ratio = self.ratio
+        return {"retry": self.retry, "old": self.old.to_dict(), "new": self.new.to_dict(),
+                "ratio": None if math.isinf(ratio) else round(ratio, 4)}
+
+
+@dataclass(frozen=True, slots=True)
+class Fidelity:
+    """How closely the new schedule follows the old one, retry by retry.
+
+    ``worst_ratio`` is the per-retry ratio of expected delays farthest from 1
+    (by factor, so 0.5 and 2.0 are equally bad); ``exact`` holds when every
+    band matches to the millisecond.
+    """
+
+    rows: tuple[FidelityRow, ...]
+    #: Retries the policy allows; more than ``len(rows)`` when only the first were compared.
+    retries: int | None = None
+
+    @property
+    def compared_all(self) -> bool:
+        """Whether every retry of the policy has a row."""
+        return self.retries is None or self.retries <= len(self.rows)
+
+    @property
+    def worst(self) -> FidelityRow | None:
+        """The row whose ratio strays most from 1, ``None`` with no retries."""
+        if not self.rows:
+            return None
+        return max(self.rows, key=lambda row: _stray(row.ratio))
+
+    @property
+    def worst_ratio(self) -> float:
+        """The ratio of the ``worst`` row; 1.0 when there are no retries."""
+        worst = self.worst
+        return 1.0 if worst is None else worst.ratio
+
+    @property
+    def old_total(self) -> float:
+        """Expected seconds from the first failure to the last retry, old schedule."""
+        return math.fsum(row.old.mean for row in self.rows)
+
+    @property
+    def new_total(self) -> float:
+        """Expected seconds from the first failure to the last retry, new schedule."""
+        return math.fsum(row.new.mean for row in self.rows)
+
+    @property
+    def exact(self) -> bool:
+        """Whether every old and new band agree to the millisecond."""
+        return all(row.old.to_dict() == row.new.to_dict() for row in self.rows)
+
+    def summary(self) -> str:
+        """One line for people: the worst ratio, where, and the two total windows."""
+        worst = self.worst
+        if worst is None:
+            return "no retries to compare"
+        scope = "" if self.compared_all else f" (first {len(self.rows)} of {self.retries} " \
+            "retries compared)"
+        if self.exact:
+            return f"exact: all {len(self.rows)} retry delays match{scope}"
+        ratio = "inf" if math.isinf(worst.ratio) else f"{worst.ratio:.3g}"
+        return (f"worst ratio {ratio} (new/old expected delay) at retry {worst.retry}; "
+                f"expected total wait {_human(self.old_total)} -> {_human(self.new_total)}"
+                f"{scope}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON with the summary figures first."""
+        worst = self.worst
+        ratio = self.worst_ratio
+        return {
+            "worst_ratio": None if math.isinf(ratio) else round(ratio, 4),
+            "worst_retry": None if worst is None else worst.retry,
+            "exact": self.exact,
+            "retries_compared": len(self.rows),
+            "old_total_seconds": _r(self.old_total),
+            "new_total_seconds": _r(self.new_total),
+            "summary": self.summary(),
+            "rows": [row.to_dict() for row in self.rows],
+        }
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One translated job: the OJS ``policy``, the ``notes`` and the ``fidelity``.
+
+    ``policy`` is ``None`` when the source has no OJS equivalent (an unbounded
+    retry count, a retry predicate) and no stand-in was asked for; the notes
+    say why. ``handler_codes`` maps error types to the response code a handler
+    must raise (``JobError(type, code=...)``) to keep per-error behaviour the
+    policy cannot hold.
+
+    >>> from ojs_adapters.migrate import from_faktory
+    >>> m = from_faktory({"retry": -1})
+    >>> (m.policy.max_attempts, m.policy.on_exhaustion)
+    (1, 'dead_letter')
+    """
+
+    dialect: str
+    policy: RetryPolicy | None
+    notes: tuple[Note, ...] = ()
+    fidelity: Fidelity | None = None
+    handler_codes: Mapping[str, HandlerCode] = field(default_factory=dict, hash=False)
+    name: str | None = None
+    origin: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        """Whether there is a policy to use."""
+        return self.policy is not None
+
+    @property
+    def exact(self) -> bool:
+        """A policy exists, every note is ``info`` and the schedules agree."""
+        return (self.policy is not None
+                and all(note.severity == "info" for note in self.notes)
+                and (self.fidelity is None or self.fidelity.exact))
+
+    def notes_at_least(self, severity: Severity) -> tuple[Note, ...]:
+        """The notes at ``severity`` or worse."""
+        floor = SEVERITIES.index(severity)
+        return tuple(n for n in self.notes if SEVERITIES.index(n.severity) >= floor)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON: what ``ojs-retry migrate --json`` prints for each job."""
+        return {
+            "dialect": self.dialect,
+            "name": self.name,
+            "origin": self.origin,
+            "ok": self.ok,
+            "exact": self.exact,
+            "policy": None if self.policy is None else self.policy.to_dict(),
+            "handler_codes": dict(self.handler_codes),
+            "notes": [note.to_dict() for note in self.notes],
+            "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
+        }
+
+
+def _stray(ratio: float) -> float:
+    if ratio == 0 or math.isinf(ratio):
+        return math.inf
+    return abs(math.log(ratio))
+
+
+def _r(seconds: float) -> float:
+    return round(seconds, 3)
+
+
+def _human(seconds: float) -> str:
+    """``20.4d``, ``3.2h``, ``12m``, ``45s``: a short reading of a length of time."""
+    for unit, size in (("d", 86_400.0), ("h", 3_600.0), ("m", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g}{unit}"
+    return f"{seconds:.3g}s"

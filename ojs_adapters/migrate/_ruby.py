@@ -1,0 +1,215 @@
+"""A tolerant reader of literal ``sidekiq_options`` in Ruby source.
+
+It also reads ``Sidekiq.default_job_options = {...}`` (and the older
+``default_worker_options``), reported under that name.
+
+It understands only literals: integers, floats, ``true``/``false``/``nil``,
+symbols, quoted strings and ``N.unit`` durations (``3.days``). Anything else
+(a constant, a method call, ``ENV[...]``, a ``sidekiq_retry_in`` block) is
+recorded as *dynamic* with its line, never guessed.
+
+>>> [job] = read_ruby("class HardJob\\n  sidekiq_options retry: 5, dead: false\\nend\\n")
+>>> (job.name, job.options, job.dynamic)
+('HardJob', {'retry': 5, 'dead': False}, ())
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Seconds in each ActiveSupport duration unit Sidekiq users write (``3.days``).
+DURATION_UNITS: dict[str, int] = {
+    "second": 1, "seconds": 1, "minute": 60, "minutes": 60, "hour": 3_600, "hours": 3_600,
+    "day": 86_400, "days": 86_400, "week": 604_800, "weeks": 604_800,
+}
+
+_CLASS = re.compile(r"^\s*class\s+([A-Z][\w:]*)")
+_OPTIONS = re.compile(r"^\s*sidekiq_options\b(.*)$")
+_DEFAULTS = re.compile(r"^\s*Sidekiq\.(default_(?:job|worker)_options)\s*=\s*(.*)$")
+_RETRY_IN = re.compile(r"^\s*sidekiq_retry_in\b(.*)$")
+_NUMBER = re.compile(r"^[-+]?\d[\d_]*(\.\d+)?$")
+_DURATION = re.compile(r"^(\d[\d_]*(?:\.\d+)?)\.(" + "|".join(DURATION_UNITS) + r")$")
+_SYMBOL_KEY = re.compile(r"^([A-Za-z_]\w*):\s*(.*)$", re.S)
+_ROCKET_KEY = re.compile(r"^(:[A-Za-z_]\w*|'[^']*'|\"[^\"]*\")\s*=>\s*(.*)$", re.S)
+_RESULT_SYMBOL = re.compile(r":(kill|discard)\b")
+
+
+class Dynamic(str):
+    """A value the reader would not evaluate; the text is the Ruby expression."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class RubyJob:
+    """The literal Sidekiq options of one class, and what could not be read.
+
+    ``dynamic`` holds ``(line, text)`` pairs for every expression left alone.
+    """
+
+    name: str | None
+    line: int
+    options: dict[str, Any] = field(hash=False)
+    dynamic: tuple[tuple[int, str], ...] = ()
+
+
+def read_ruby(text: str) -> list[RubyJob]:
+    """Every ``sidekiq_options`` call in ``text``, with the class it belongs to."""
+    jobs: list[RubyJob] = []
+    current_class: str | None = None
+    lines = text.splitlines()
+    index = 0
+    while index < len(lines):
+        line = _strip_comment(lines[index])
+        number = index + 1
+        match = _CLASS.match(line)
+        if match:
+            current_class = match.group(1)
+        call = _options_call(line, current_class)
+        retry_in = _RETRY_IN.match(line)
+        if call is not None:
+            body, index = _continued(call[1], lines, index)
+            options, dynamic = _parse_pairs(body, number)
+            jobs.append(RubyJob(call[0], number, options, tuple(dynamic)))
+        elif retry_in:
+            block, index = _block(retry_in.group(1), lines, index)
+            results = sorted({f":{s}" for s in _RESULT_SYMBOL.findall(block)})
+            where = _job_for(jobs, current_class, number)
+            job = jobs[where]
+            said = f" returning {', '.join(results)} in some cases" if results else ""
+            jobs[where] = RubyJob(
+                job.name, job.line, {**job.options, "sidekiq_retry_in": Dynamic("block" + said)},
+                (*job.dynamic, (number, "sidekiq_retry_in " + retry_in.group(1).strip())))
+        index += 1
+    return jobs
+
+
+def _options_call(line: str, current_class: str | None) -> tuple[str | None, str] | None:
+    """``(owner, arguments)`` when ``line`` starts a ``sidekiq_options`` or defaults call."""
+    match = _OPTIONS.match(line)
+    if match:
+        return current_class, match.group(1)
+    match = _DEFAULTS.match(line)
+    if match:
+        return f"Sidekiq.{match.group(1)}", match.group(2)
+    return None
+
+
+def ruby_literal(text: str) -> Any:
+    """The Python value of one Ruby literal, or ``Dynamic(text)`` if it is not one."""
+    text = text.strip()
+    if text in ("true", "false"):
+        return text == "true"
+    if text == "nil":
+        return None
+    if _NUMBER.match(text):
+        clean = text.replace("_", "")
+        return float(clean) if "." in clean else int(clean)
+    duration = _DURATION.match(text)
+    if duration:
+        amount = float(duration.group(1).replace("_", ""))
+        seconds = amount * DURATION_UNITS[duration.group(2)]
+        return int(seconds) if seconds.is_integer() else seconds
+    if re.fullmatch(r":[A-Za-z_]\w*[?!]?", text):
+        return text
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" \
+            and text[0] not in text[1:-1] and "#{" not in text:
+        return text[1:-1]
+    return Dynamic(text)
+
+
+def _parse_pairs(body: str, line: int) -> tuple[dict[str, Any], list[tuple[int, str]]]:
+    options: dict[str, Any] = {}
+    dynamic: list[tuple[int, str]] = []
+    body = body.strip()
+    if body.startswith("{") and body.endswith("}"):
+        body = body[1:-1]
+    for part in _split_top(body):
+        pair = _SYMBOL_KEY.match(part) or _ROCKET_KEY.match(part)
+        if pair is None:
+            dynamic.append((line, part))
+            continue
+        key = pair.group(1).strip("'\"").lstrip(":")
+        value = ruby_literal(pair.group(2))
+        options[key] = value
+        if isinstance(value, Dynamic):
+            dynamic.append((line, f"{key}: {value}"))
+    return options, dynamic
+
+
+def _split_top(body: str) -> list[str]:
+    """Split on commas outside brackets and quotes."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(body):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(body[start:i])
+            start = i + 1
+    parts.append(body[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _continued(first: str, lines: list[str], index: int) -> tuple[str, int]:
+    """Join continuation lines while the call is open (trailing comma, open bracket)."""
+    body = first.strip()
+    while index + 1 < len(lines) and (body.endswith(",") or _depth(body) > 0):
+        index += 1
+        body += " " + _strip_comment(lines[index]).strip()
+    if body.startswith("(") and body.endswith(")"):
+        body = body[1:-1]
+    return body, index
+
+
+def _depth(text: str) -> int:
+    return sum(text.count(c) for c in "([{") - sum(text.count(c) for c in ")]}")
+
+
+def _block(first: str, lines: list[str], index: int) -> tuple[str, int]:
+    """The text of a ``{ ... }`` or ``do ... end`` block starting on ``first``."""
+    opens_do = re.search(r"\bdo\b", first) is not None
+    if "{" in first and first.count("{") <= first.count("}"):
+        return first, index  # a one-line { ... } block
+    if (not opens_do and "{" not in first) or re.search(r"\bdo\b.*\bend\s*$", first):
+        return first, index  # no block, or a one-line do ... end
+    body, depth = first, 1
+    while index + 1 < len(lines) and depth > 0:
+        index += 1
+        text = _strip_comment(lines[index])
+        body += "\n" + text
+        stripped = text.strip()
+        if re.match(r"^(if|unless|case|begin|while|until)\b", stripped) or \
+                re.search(r"\bdo\s*(\|[^|]*\|)?\s*$", stripped):
+            depth += 1
+        if stripped == "end" or stripped.startswith("end ") or stripped == "}":
+            depth -= 1
+    return body, index
+
+
+def _job_for(jobs: list[RubyJob], name: str | None, line: int) -> int:
+    """Index of the latest job of class ``name``, adding an empty one if there is none."""
+    for index in range(len(jobs) - 1, -1, -1):
+        if jobs[index].name == name:
+            return index
+    jobs.append(RubyJob(name, line, {}, ()))
+    return len(jobs) - 1
+
+
+def _strip_comment(line: str) -> str:
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#":
+            return line[:i]
+    return line

@@ -1,0 +1,151 @@
+"""Celery task retry options to an OJS RetryPolicy (no Celery import: options are data).
+
+Celery counts *retries*: ``max_retries=3`` (the default) is 4 attempts, and
+``max_retries=None`` retries for ever, which OJS cannot say: that case is
+reported and gets no policy unless the caller names a stand-in cap with
+``unbounded_attempts=``. Automatic retries happen only for ``autoretry_for``
+errors, minus ``dont_autoretry_for``. With ``retry_backoff`` the countdown for
+retry count r (0-based) is ``min(retry_backoff_max, factor * 2**r)`` with full
+jitter (uniform in [0, countdown]) by default; without it, ``default_retry_delay``
+(180 s), or ``retry_kwargs['countdown']``, every time.
+
+>>> m = from_celery({"autoretry_for": ["Exception"], "retry_backoff": 5, "retry_jitter": False})
+>>> (m.policy.max_attempts, m.policy.schedule())
+(4, [5.0, 10.0, 20.0])
+>>> from_celery({"max_retries": None}).policy is None
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ojs_adapters.migrate._common import (
+    Notes,
+    bad_option,
+    compare,
+    compared,
+    fixed_band,
+    full_jitter_band,
+    get_bool,
+    get_int,
+    get_names,
+    get_number,
+    iso_seconds,
+    normalize,
+    note_ignored,
+    policy_from,
+    positive_interval,
+)
+from ojs_adapters.migrate._model import Band, Migration
+
+DIALECT = "celery"
+#: Celery's ``Task`` defaults.
+DEFAULT_MAX_RETRIES = 3
+DEFAULT_RETRY_DELAY = 180.0
+DEFAULT_BACKOFF_MAX = 600
+#: Names that make ``autoretry_for`` cover every error a handler can raise.
+_CATCH_ALL = {"Exception", "BaseException", "builtins.Exception", "builtins.BaseException"}
+_KNOWN = {"max_retries", "default_retry_delay", "autoretry_for", "dont_autoretry_for",
+          "retry_backoff", "retry_backoff_max", "retry_jitter", "retry_kwargs"}
+
+
+def from_celery(options: Mapping[str, Any] | None, *, unbounded_attempts: int | None = None,
+                name: str | None = None, origin: str | None = None) -> Migration:
+    """Translate the retry options of one Celery task (as given to ``@app.task``).
+
+    ``unbounded_attempts`` is the cap to use when ``max_retries`` is ``None``;
+    without it such a task gets no policy and an ``unsupported`` note.
+    """
+    opts = normalize(options, DIALECT)
+    notes = Notes()
+    note_ignored(opts, _KNOWN, notes)
+    kwargs = opts.get("retry_kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        raise bad_option(DIALECT, "retry_kwargs", kwargs, "must be a mapping")
+    kwargs = dict(kwargs)
+    source, key = (kwargs, "retry_kwargs.max_retries") if "max_retries" in kwargs \
+        else (opts, "max_retries")
+    unbounded = "max_retries" in source and source["max_retries"] is None
+    retries = None if unbounded else get_int(source, "max_retries", DIALECT,
+                                             default=DEFAULT_MAX_RETRIES, minimum=0)
+    if retries is None:
+        if unbounded_attempts is None:
+            notes.add("unsupported", key, "None: Celery retries for ever; OJS max_attempts is "
+                      "an exact upper bound (RET-01), so no policy is proposed. Choose a cap "
+                      "(unbounded_attempts=, or --cap-unbounded N) to get one")
+            return Migration(DIALECT, None, tuple(notes), name=name, origin=origin, options=opts)
+        retries = max(unbounded_attempts - 1, 0)
+        notes.add("lossy", key, f"None: Celery retries for ever; capped at {unbounded_attempts} "
+                  "attempts as asked")
+
+    autoretry = get_names(opts, "autoretry_for", DIALECT)
+    never = get_names(opts, "dont_autoretry_for", DIALECT)
+    _note_errors(autoretry, notes)
+    if never:
+        notes.add("info", "dont_autoretry_for", "became non_retryable_errors (a base-class name "
+                  "matches subclasses, as Celery's except clause does)")
+
+    backoff = opts.get("retry_backoff", False)
+    if isinstance(backoff, bool) or backoff is None:
+        factor = 1 if backoff else 0
+    elif isinstance(backoff, (int, float)) and backoff >= 0:
+        factor = int(max(1.0, float(backoff))) if backoff else 0
+        if factor != backoff:
+            notes.add("info", "retry_backoff", f"{backoff}: Celery uses int(max(1, value)) = "
+                      f"{factor} s as the factor")
+    else:
+        raise bad_option(DIALECT, "retry_backoff", backoff, "must be true, false or seconds")
+    jitter = get_bool(opts, "retry_jitter", DIALECT, default=True)
+    fields: dict[str, Any] = {"max_attempts": retries + 1, "non_retryable_errors": list(never),
+                              "on_exhaustion": "discard"}
+    notes.add("info", None, "Celery marks an exhausted task FAILURE and keeps no dead letter: "
+              "on_exhaustion 'discard'")
+    if factor and autoretry:
+        top = get_int(opts, "retry_backoff_max", DIALECT, default=DEFAULT_BACKOFF_MAX, minimum=0)
+        assert top is not None
+        old = [_backoff_band(factor, r, top, jitter) for r in range(compared(retries))]
+        initial = positive_interval(float(min(factor, top)), "retry_backoff_max", notes)
+        fields.update(backoff_strategy="exponential", backoff_coefficient=2.0, jitter=jitter,
+                      initial_interval=iso_seconds(initial),
+                      max_interval=iso_seconds(max(float(top), initial)))
+        if jitter:
+            notes.add("approximate", "retry_jitter",
+                      "Celery's full jitter draws from [0, countdown] (mean half of it); OJS "
+                      "jitter draws from [0.5, 1.5) x delay (mean the delay itself)")
+    else:
+        if factor and not autoretry:
+            notes.add("info", "retry_backoff", "applies only to autoretry_for; explicit "
+                      "self.retry() calls use the fixed countdown")
+        delay = _fixed_delay(opts, kwargs)
+        old = [fixed_band(delay)] * compared(retries)
+        delay = positive_interval(delay, "default_retry_delay", notes)
+        fields.update(backoff_strategy="none", jitter=False,
+                      initial_interval=iso_seconds(delay), max_interval=iso_seconds(delay))
+    policy = policy_from(fields)
+    return Migration(DIALECT, policy, tuple(notes), compare(old, policy), {}, name, origin, opts)
+
+
+def _backoff_band(factor: int, retries: int, top: int, jitter: bool) -> Band:
+    countdown = float(min(top, factor * 2 ** min(retries, 64)))
+    return full_jitter_band(countdown) if jitter else fixed_band(countdown)
+
+
+def _fixed_delay(opts: dict[str, Any], kwargs: dict[str, Any]) -> float:
+    if kwargs.get("countdown") is not None:
+        return get_number(kwargs, "countdown", DIALECT, default=DEFAULT_RETRY_DELAY)
+    return get_number(opts, "default_retry_delay", DIALECT, default=DEFAULT_RETRY_DELAY)
+
+
+def _note_errors(autoretry: tuple[str, ...], notes: Notes) -> None:
+    if not autoretry:
+        notes.add("approximate", "autoretry_for",
+                  "empty: Celery retries only where the task calls self.retry(); the policy "
+                  "applies to every failure. If the task never calls self.retry(), use "
+                  "max_attempts 1")
+    elif not _CATCH_ALL & set(autoretry):
+        notes.add("lossy", "autoretry_for",
+                  f"Celery retries only {', '.join(autoretry)}; OJS retries every error not in "
+                  "non_retryable_errors (it has no allow-list). List the errors that must not "
+                  "retry, or raise JobError(type, code='FAIL') for them")
