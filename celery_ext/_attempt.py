@@ -1,0 +1,369 @@
+"""One delivery of an ``OjsTask`` in the worker: run the attempt, execute the decision.
+
+This module translates Celery events into ``decide()`` inputs and carries out
+the ``Decision``; it makes no choice of its own.
+
+- The attempt number and history come from the message header (``_headers``).
+- Before the body runs, the job record says whether this delivery repeats an
+  attempt that already started: Celery redelivers a byte-identical message
+  after a lost worker (``WorkerLostError`` with ``acks_late`` and
+  ``reject_on_worker_lost``, or a SIGKILLed worker whose unacked message the
+  broker gives back), and ``Request.on_failure`` never calls ``Task.on_failure``
+  on that path. A record still ``active`` at this attempt means the previous
+  delivery died: that consumes the attempt as ``HANDLER_PANIC`` (or
+  ``HANDLER_TIMEOUT`` if ``OjsRequest`` marked a hard time limit) via
+  ``decide(policy, n, Failure.worker_lost())`` (RET-12), and the body does
+  not run again before the countdown.
+- ``retry`` is a native ``Task.retry`` with the exact float countdown and the
+  history merged into the request's headers; Celery keeps queue, routing key
+  and priority (``signature_from_request``). ``max_retries`` is the policy's,
+  so Celery's own limit never cuts in first (RET-01).
+- ``discard``/``fail`` raise ``JobDiscarded`` and ``dead_letter`` raises
+  ``JobDeadLettered``: the trace stores FAILURE (so ``AsyncResult.get()``
+  raises at once) and ``OjsRequest`` publishes the dead letter before the ack.
+- **Safe hand-off** (issue 11). The retry is published through a confirming
+  connection with a fresh ``ojs-token`` header and the ``x-ojs-*`` error headers
+  (``_handoff``), tried in place on backend errors (5 tries from 100 ms); the
+  record is then marked ``handed_off``, and only after that does ``Task.retry``'s
+  ``Retry`` reach the trace, which acks. If the broker does not accept it, the
+  original is requeued (``Reject(requeue=True)``; with the broker gone it simply
+  stays unacked and the broker gives it back). A delivery is judged by
+  ``ojs_adapters.handoff.judge_delivery``: each copy first *claims* its attempt
+  (``RecordStore.claim``); a copy that lost the claim, or whose attempt the record
+  shows finished and handed off, is dropped (``Ignore``); a redelivered original
+  whose retry is not marked as handed off publishes it again.
+- Each decision carried out is reported once to the core's hooks
+  (``ojs_adapters.emit``: the decision log, metrics); a resent retry or a
+  redone dead letter is the same decision and is not reported again.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, NoReturn
+
+from billiard.exceptions import WorkerLostError
+from celery import Task
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
+
+from celery_ext._handoff import (
+    TOKEN_HEADER,
+    confirming_connection,
+    new_token,
+    replay_round,
+    with_retry,
+)
+from celery_ext._headers import HEADER, HeaderState, merged
+from celery_ext._routing import dead_letter_queue_for, queue_of
+from celery_ext.dlq import replay_info
+from celery_ext.exceptions import JobDeadLettered, JobDiscarded
+from celery_ext.records import RecordStore
+from ojs_adapters import (
+    Decision,
+    DecisionEvent,
+    Failure,
+    JobRecord,
+    OjsValidationError,
+    RetryPolicy,
+    decide,
+    describe_failure,
+    emit,
+)
+from ojs_adapters.backend_retry import count_failure
+from ojs_adapters.errors import OjsBackendError
+from ojs_adapters.handoff import Claim, attempt_id, error_headers, handed_off, judge_delivery
+
+logger = logging.getLogger("celery_ext")
+
+#: App setting: a zero-argument callable returning the jitter sample u in [0, 1).
+JITTER_SETTING = "ojs_jitter_source"
+#: Header naming the catalog code of the last failure (ojs-errors.md ERR-008).
+ERROR_CODE_HEADER = "x-ojs-error-code"
+
+
+class RetryRequested(Exception):
+    """Raised by ``OjsTask.retry``: the handler asks for a retry; the policy decides."""
+
+    def __init__(self, exc: BaseException | None, countdown: float | None) -> None:
+        super().__init__(exc, countdown)
+        self.exc = exc
+        self.countdown = countdown
+
+
+def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run one delivery of ``task`` in the worker and act on how it ends."""
+    run = _Run(task)
+    if run.state.invalid is not None:  # unreadable OJS state: dead-letter it unrun (_headers)
+        run.fail(run.state.invalid, None)
+    previous = run.check_redelivery()
+    run.wait_for_countdown()
+    run.save(run.base.started(run.state.attempt))
+    try:
+        result = task.run(*args, **kwargs)
+    except (Ignore, Reject):
+        # Celery control flow the handler chose, not an OJS failure: undo "active", so a
+        # requeued delivery starts this attempt afresh instead of counting as a crash.
+        run.restore(previous)
+        raise
+    except RetryRequested as request:
+        run.fail(_requested_failure(request), request.exc)
+    except (SoftTimeLimitExceeded, TimeLimitExceeded) as exc:
+        run.fail(describe_failure(exc, catalog_code="HANDLER_TIMEOUT"), exc)
+    except Exception as exc:
+        run.fail(exc, exc)
+    run.save(run.base.started(run.state.attempt).completed())
+    return result
+
+
+class _Run:
+    """The state of one delivery: header state, policy, record store."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        self.request = task.request
+        self.state = HeaderState.from_headers(self.request.headers)
+        self.policy: RetryPolicy = _header_policy(task, self.state)
+        self.store = RecordStore(task.backend)
+        self.nonce = new_token()  # this delivery
+        self.queue = queue_of(task.app, self.request.delivery_info)
+        self.first_attempt_at = self.state.first_attempt_at or time.time()
+        self.base = JobRecord(
+            id=self.request.id, type=task.name, queue=self.queue,
+            max_attempts=self.policy.max_attempts, errors=self.state.errors,
+            extra={"countdowns": list(self.state.countdowns),
+                   "jitter_samples": list(self.state.jitter_samples),
+                   "retry_policy": self.policy.to_dict(),
+                   **replay_info(self.request.headers)},  # a replayed dead letter's count
+        )
+
+    # -- before the body ------------------------------------------------------------
+
+    def check_redelivery(self) -> JobRecord | None:
+        """Act on a delivery that repeats an attempt the record already knows about.
+
+        Returns the stored record when this is a new attempt (the normal case).
+        """
+        record = self.load()
+        attempt = self.state.attempt
+        verdict = judge_delivery(record, attempt, claim=self.claim())
+        if verdict == "run":
+            return record
+        # "lost" without a record: this copy ran before while the store was unreachable.
+        record = record or self.base.started(attempt)
+        if verdict == "lost":
+            self.fail(_lost_failure(record, attempt), None)
+        if verdict == "resend":
+            # The retry was decided but its message may not have been accepted.
+            self.resend_retry(record)
+        if verdict == "redo_terminal":
+            _raise_terminal(self.task, record, None)  # lets OjsRequest redo the dead letter
+        logger.info("%s[%s]: attempt %d already done (record %s at %d); dropping duplicate",
+                    self.task.name, self.request.id, attempt, record.state, record.attempt)
+        raise Ignore()
+
+    def claim(self) -> Claim:
+        """This copy's claim on its attempt (``RecordStore.claim``); requeued if unreachable."""
+        key = self.claim_key()
+        token = str((self.request.headers or {}).get(TOKEN_HEADER) or "sent")
+        token = f"{token}|{self.nonce}"  # a retried claim whose reply was lost stays ours
+        try:
+            return with_retry(self.task.app, lambda: self.store.claim(key, token),
+                              operation="claim attempt")
+        except Exception as error:  # run nothing unclaimed: the redelivery claims again
+            logger.warning("%s[%s]: cannot claim attempt %s; requeueing", self.task.name,
+                           self.request.id, key, exc_info=True)
+            raise Reject(error, requeue=True) from None
+
+    def claim_key(self) -> str:
+        """``<task id>:<attempt>``, plus the replay round of a replayed dead letter."""
+        key = attempt_id(self.request.id, self.state.attempt)
+        replays = replay_round(self.request.headers)
+        return f"{key}/replay{replays}" if replays else key
+
+    def wait_for_countdown(self) -> None:
+        """Never start before the countdown (RET-11), whatever the ETA timer's rounding."""
+        if self.state.not_before is None:
+            return
+        remaining = float(self.state.not_before) - time.time()
+        limit = self.state.countdowns[-1] if self.state.countdowns else 0.0
+        if remaining > 0:
+            time.sleep(min(remaining, limit))
+
+    # -- after a failure ------------------------------------------------------------
+
+    def fail(self, error: BaseException | Failure, exc: BaseException | None) -> NoReturn:
+        """Decide on failed attempt ``state.attempt`` and carry the decision out."""
+        sample = _jitter_sample(self.task) if self.policy.jitter else None
+        decision = decide(
+            self.policy, self.state.attempt, error, jitter_sample=sample,
+            previous_delay=self.state.countdowns[-1] if self.state.countdowns else None,
+            first_attempt_at=self.first_attempt_at)
+        if decision.action == "retry":
+            delay = float(decision.delay or 0.0)
+            record = self.base.failed(decision.entry, action="retry", delay=delay)
+            record = replace(record, extra={
+                **record.extra,
+                "countdowns": [*self.state.countdowns, delay],
+                "jitter_samples": [*self.state.jitter_samples, decision.jitter_sample]})
+            self.save(record)  # before the send: the next attempt must find it
+            self.report(decision)
+            self.schedule_retry(record, exc, countdown=delay, not_before=time.time() + delay)
+        record = self.base.failed(decision.entry, action=decision.action)
+        if decision.action == "dead_letter":
+            record = replace(record, extra={
+                **record.extra, "dead_letter_queue": dead_letter_queue_for(self.task, self.queue)})
+        self.save(record)
+        self.report(decision)
+        _raise_terminal(self.task, record, exc)
+
+    def report(self, decision: Decision) -> None:
+        """Hand the decision to the instrumentation hooks, once (a resend does not report)."""
+        emit(DecisionEvent(framework="celery", job_id=self.request.id, task=self.task.name,
+                           queue=self.queue, max_attempts=self.policy.max_attempts,
+                           decision=decision))
+
+    def resend_retry(self, record: JobRecord) -> NoReturn:
+        """Send again the retry a record describes (its first send may have failed)."""
+        not_before = _epoch(record.next_retry_at) or time.time()
+        self.schedule_retry(record, None, countdown=max(0.0, not_before - time.time()),
+                            not_before=not_before)
+
+    def schedule_retry(self, record: JobRecord, exc: BaseException | None, *,
+                       countdown: float, not_before: float) -> NoReturn:
+        """A native Celery retry carrying the history of ``record``, after ``countdown`` s."""
+        header = replace(
+            self.state, attempt=record.attempt + 1, errors=record.errors,
+            countdowns=tuple(record.extra["countdowns"]),
+            jitter_samples=tuple(record.extra["jitter_samples"]), not_before=not_before,
+            first_attempt_at=self.first_attempt_at)
+        last = record.errors[-1]
+        headers = merged(self.request.headers, **{HEADER: header.encode()},
+                         **error_headers(last, record.attempt + 1))
+        if exc is None:  # a lost attempt: what Celery stores with the RETRY state
+            lost = TimeLimitExceeded if last.code == "HANDLER_TIMEOUT" else WorkerLostError
+            exc = lost(last.message)
+        cause = exc
+
+        def publish_once() -> Retry:
+            with confirming_connection(self.task.app) as conn:
+                try:
+                    Task.retry(self.task, exc=cause, countdown=countdown,
+                               max_retries=self.policy.max_retries, retry=False,
+                               producer=conn.Producer(),
+                               headers={**headers, TOKEN_HEADER: new_token()})
+                except Retry as sent:
+                    return sent
+                except Reject as rejected:  # Task.retry's wrapping of a failed send
+                    reason = rejected.reason
+                    raise reason if isinstance(reason, Exception) else rejected from None
+            raise AssertionError("Task.retry returned")  # pragma: no cover - it always raises
+
+        try:
+            sent = with_retry(self.task.app, publish_once, operation="publish retry")
+        except OjsBackendError as error:
+            # Task.retry would raise Reject(requeue=False) and drop the job: requeue
+            # instead; the redelivery finds the record unmarked and publishes again.
+            logger.error("%s[%s]: the broker did not accept the retry (%s); requeueing",
+                         self.task.name, self.request.id, error.code)
+            raise Reject(error, requeue=True) from None
+        self.save(handed_off(record))
+        raise sent
+
+    # -- the record -----------------------------------------------------------------
+
+    def load(self) -> JobRecord | None:
+        try:
+            return with_retry(self.task.app, lambda: self.store.load(self.request.id),
+                              operation="read job record")
+        except Exception:  # the record is an aid; the headers carry the truth
+            count_failure("read job record", "failed")
+            logger.warning("%s[%s]: cannot read the job record", self.task.name,
+                           self.request.id, exc_info=True)
+            return None
+
+    def save(self, record: JobRecord) -> None:
+        """Store ``record``; a write that fails even after its retries is logged and counted."""
+        try:
+            with_retry(self.task.app, lambda: self.store.save(record),
+                       operation="write job record")
+        except Exception:  # never fail the job for its record
+            count_failure("write job record", "failed")
+            logger.warning("%s[%s]: cannot store the job record", self.task.name,
+                           self.request.id, exc_info=True)
+
+    def restore(self, record: JobRecord | None) -> None:
+        """Put back the record and the claim as before this attempt (no record: remove it)."""
+        try:
+            self.store.release(self.claim_key())
+        except Exception:
+            logger.warning("%s[%s]: cannot release the claim", self.task.name,
+                           self.request.id, exc_info=True)
+        if record is not None:
+            self.save(record)
+            return
+        try:
+            self.store.delete(self.request.id)
+        except Exception:
+            logger.warning("%s[%s]: cannot remove the job record", self.task.name,
+                           self.request.id, exc_info=True)
+
+
+def _header_policy(task: Any, state: HeaderState) -> RetryPolicy:
+    """The policy for this delivery; a header policy that fails validation is ignored."""
+    if state.ignored:
+        logger.warning("%s[%s]: ignoring malformed ojs header fields %s", task.name,
+                       task.request.id, ", ".join(state.ignored))
+    try:
+        return task.policy(state.policy)  # type: ignore[no-any-return]
+    except OjsValidationError as exc:
+        logger.warning("%s[%s]: ignoring the invalid retry policy in the ojs header: %s",
+                       task.name, task.request.id, exc.message[:300])
+        return task.policy()  # type: ignore[no-any-return]
+
+
+def _requested_failure(request: RetryRequested) -> Failure:
+    """``self.retry(exc=..., countdown=...)``: a RETRY failure; ``countdown`` a minimum delay."""
+    failure = describe_failure(request.exc or RuntimeError("retry requested by the handler"))
+    retry_after = failure.retry_after
+    if request.countdown is not None:
+        retry_after = max(retry_after or 0.0, float(request.countdown))
+    return failure._replace(handler_code=failure.handler_code or "RETRY",
+                            retry_after=retry_after)
+
+
+def _lost_failure(record: JobRecord, attempt: int) -> Failure:
+    """What killed the previous delivery of ``attempt``: a hard time limit, or a lost worker."""
+    lost = record.extra.get("lost")
+    if isinstance(lost, dict) and lost.get("attempt") == attempt:
+        timeout = TimeLimitExceeded(lost.get("timeout"))
+        failure = describe_failure(timeout, catalog_code="HANDLER_TIMEOUT")
+        return failure._replace(message=str(lost.get("message") or failure.message))
+    return Failure.worker_lost()
+
+
+def _raise_terminal(task: Any, record: JobRecord, exc: BaseException | None) -> NoReturn:
+    klass = JobDeadLettered if record.dead_lettered else JobDiscarded
+    last = record.errors[-1] if record.errors else None
+    reason = f": {last.type}: {last.message}" if last else ""
+    message = f"{task.name}[{record.id}] {record.outcome} after attempt {record.attempt}{reason}"
+    raise klass(message, record.to_dict()) from exc
+
+
+def _jitter_sample(task: Any) -> float:
+    """u in [0, 1) from the task's ``jitter_source``, the app's, or ``random.random``."""
+    source: Callable[[], float] | None = getattr(type(task), "jitter_source", None)
+    if source is None:
+        source = task.app.conf.get(JITTER_SETTING) or random.random
+    return float(source())
+
+
+def _epoch(iso: str | None) -> float | None:
+    """POSIX time of an ISO 8601 UTC stamp as the core writes them."""
+    if not iso:
+        return None
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()

@@ -1,0 +1,85 @@
+"""The Celery settings an ``OjsTask`` relies on, checked when a worker starts.
+
+``OjsTask`` sets what it needs itself; these checks catch what an app or a
+task overrode:
+
+- ``acks_late`` and ``reject_on_worker_lost`` on: otherwise a crashed or
+  hard-time-limited attempt loses its message and cannot be counted (RET-12).
+- a result backend that stores (not RPC, not disabled): the job record lives
+  there, and crash counting reads it.
+- ``task_always_eager`` off: eager retries run at once, ignoring countdowns.
+- Redis: ``visibility_timeout`` longer than the longest countdown and time
+  limit, or the broker hands a waiting retry or a running attempt out again
+  (a duplicate, counted as a crash).
+
+``check_worker_settings(app)`` returns the problems; the ``worker_init``
+receiver logs each as a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import signals
+
+from celery_ext.records import RecordStore
+
+logger = logging.getLogger("celery_ext")
+
+
+def check_worker_settings(app: Any) -> list[str]:
+    """Problems with ``app``'s settings for its OjsTasks, as sentences (empty: all good).
+
+    >>> from celery import Celery
+    >>> check_worker_settings(Celery("demo", broker="memory://", backend="cache+memory://"))
+    []
+    """
+    from celery_ext.task import OjsTask  # the task module imports this package
+
+    tasks = [t for t in app.tasks.values() if isinstance(t, OjsTask)]
+    if not tasks:
+        return []
+    problems = []
+    for task in tasks:
+        if not task.acks_late:
+            problems.append(f"{task.name}: acks_late is off, so a crashed attempt loses its "
+                            "message instead of consuming one attempt (RET-12)")
+        if not task.reject_on_worker_lost:
+            problems.append(f"{task.name}: reject_on_worker_lost is off, so a lost worker "
+                            "acks the message instead of consuming one attempt (RET-12)")
+    if not RecordStore(app.backend).enabled:
+        problems.append(f"result backend {type(app.backend).__name__} stores no job record: "
+                        "get_job_record() and crash counting are off (use e.g. redis://)")
+    if app.conf.task_always_eager:
+        problems.append("task_always_eager runs retries at once and ignores countdowns")
+    problems.extend(_redis_visibility_problems(app, tasks))
+    return problems
+
+
+def _redis_visibility_problems(app: Any, tasks: list[Any]) -> list[str]:
+    url = str(app.conf.broker_url or "")
+    if not url.startswith(("redis", "rediss", "sentinel")):
+        return []
+    visibility = float((app.conf.broker_transport_options or {}).get("visibility_timeout", 3600))
+    longest = max(t.policy().max_interval.total_seconds() for t in tasks)
+    limits = [float(t.time_limit or t.soft_time_limit or 0) for t in tasks]
+    out = []
+    if longest >= visibility:
+        out.append(f"Redis visibility_timeout ({visibility:g}s) is not above the longest "
+                   f"retry countdown ({longest:g}s): waiting retries would be redelivered")
+    if max(limits) >= visibility:
+        out.append(f"Redis visibility_timeout ({visibility:g}s) is not above the longest "
+                   f"time limit ({max(limits):g}s): running attempts would be redelivered")
+    return out
+
+
+def _warn_at_worker_start(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    for problem in check_worker_settings(app):
+        logger.warning("ojs-adapters: %s", problem)
+
+
+signals.worker_init.connect(_warn_at_worker_start, weak=False)

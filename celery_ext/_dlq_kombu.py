@@ -1,0 +1,232 @@
+"""Celery dead letters through kombu's channel API: RabbitMQ (py-amqp) and ``memory://``.
+
+A queue cannot be read without taking its messages, so each operation takes all
+of a dead-letter queue's messages unacknowledged, acts on the ones it wants and
+gives the rest back. Another reader of the
+same queue at that moment sees it empty. On AMQP a replay runs in a transaction:
+the copies' publishes and the dead deliveries' acks commit together, and a
+client stopped before ``tx.commit`` changes nothing. ``memory://`` lives in the
+process, so one step is atomic there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from kombu.entity import Queue
+
+from celery_ext.dlq import JobRecords, dead_letter_of, dead_letter_queues, replay_headers
+from ojs_adapters.dlq import DeadLetter, ReplayMark
+
+#: Longest wait, in seconds, for messages given back by an earlier operation.
+_SETTLE = 1.0
+#: Properties a replayed copy keeps from the dead message.
+_KEPT_PROPERTIES = ("priority", "correlation_id", "reply_to")
+
+
+class KombuDeadLetters:
+    """``DeadLetterStore`` over a Celery app's dead-letter queues, with kombu channels."""
+
+    framework = "celery"
+
+    def __init__(self, app: Any, queues: Sequence[str]) -> None:
+        self.app = app
+        self.records = JobRecords(app)
+        self.extra = list(queues)
+        self._conn = app.connection_for_write()
+        self._amqp = self._conn.transport.driver_type == "amqp"
+
+    def _names(self) -> dict[str, str]:
+        return dead_letter_queues(self.app, self.extra)
+
+    def queues(self) -> list[str]:
+        return sorted(set(self._names().values()))
+
+    def scan(self, queue: str | None = None) -> list[DeadLetter]:
+        letters: list[DeadLetter] = []
+        for dead, original in self._names().items():
+            if queue in (None, original):
+                with self._held(dead) as (_channel, held):
+                    letters += [self._letter(m, original) for m in held]
+        return letters
+
+    def remove(self, letters: Sequence[DeadLetter]) -> int:
+        removed = 0
+        for dead, original in self._names().items():
+            wanted = {x.key for x in letters if x.queue == original}
+            if not wanted:
+                continue
+            with self._held(dead) as (_channel, held):
+                for message in held:
+                    key = self._letter(message, original).key
+                    if key in wanted:
+                        wanted.discard(key)
+                        message.ack()
+                        removed += 1
+        return removed
+
+    def requeue(self, moves: Sequence[tuple[DeadLetter, ReplayMark]]) -> list[str]:
+        moved: list[str] = []
+        for dead, original in self._names().items():
+            wanted = {x.key: (x, m) for x, m in moves if x.queue == original}
+            if not wanted:
+                continue
+            self._ensure(original)
+            with self._held(dead, transaction=self._amqp) as (channel, held):
+                for message in held:
+                    key = self._letter(message, original).key
+                    if key not in wanted:
+                        continue
+                    letter, mark = wanted.pop(key)
+                    self.records.mark(letter, mark)
+                    self._publish(channel, message, original, mark)
+                    message.ack()
+                    moved.append(letter.id)
+        return moved
+
+    def clear(self, queue: str) -> int:
+        removed = 0
+        for dead, original in self._names().items():
+            if original == queue:
+                channel = self._conn.channel()
+                try:
+                    removed += int(Queue(dead, channel=channel).purge() or 0)  # type: ignore[no-untyped-call]
+                except Exception as exc:
+                    if not _not_found(exc):
+                        raise
+                finally:
+                    _close(channel)
+        return removed
+
+    def close(self) -> None:
+        self._conn.release()
+
+    def _ensure(self, queue: str) -> None:
+        """Declare ``queue`` if it is gone (as the app configures it, else plain and durable).
+
+        A publish to a missing queue through the default exchange is dropped
+        silently; the dead letter must not be acked for nothing.
+        """
+        channel = self._conn.channel()
+        try:
+            Queue(queue, channel=channel).queue_declare(passive=True)  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            if not _not_found(exc):
+                raise
+            _close(channel)
+            channel = self._conn.channel()
+            declared = self.app.amqp.queues.get(queue) or Queue(  # type: ignore[no-untyped-call]
+                queue, routing_key=queue, durable=True)
+            declared.bind(channel).declare()
+        finally:
+            _close(channel)
+
+    def _letter(self, message: Any, original: str) -> DeadLetter:
+        return dead_letter_of(body=message.body, content_type=message.content_type,
+                              content_encoding=message.content_encoding,
+                              headers=message.headers or {}, properties=message.properties or {},
+                              queue=original, accept=self.app.conf.accept_content)
+
+    def _publish(self, channel: Any, message: Any, queue: str, mark: ReplayMark) -> None:
+        properties = message.properties or {}
+        extra = {k: properties[k] for k in _KEPT_PROPERTIES if properties.get(k) is not None}
+        body = channel.prepare_message(
+            message.body, priority=extra.pop("priority", None),
+            content_type=message.content_type, content_encoding=message.content_encoding,
+            headers=replay_headers(message.headers or {}, mark),
+            properties={"delivery_mode": 2, **extra})
+        channel.basic_publish(body, exchange="", routing_key=queue)
+
+    @contextmanager
+    def _held(self, queue: str, *, transaction: bool = False) -> Iterator[tuple[Any, list[Any]]]:
+        """Every message of dead-letter ``queue``, taken; the rest go back at the end.
+
+        On an error: AMQP rolls back by closing the channel (the broker returns the
+        deliveries); ``memory://`` drops unacknowledged messages on close, so they
+        are put back first.
+        """
+        channel = self._conn.channel()
+        held: list[Any] = []
+        finished = False
+        try:
+            if transaction:
+                channel.tx_select()
+            try:
+                if self._amqp:
+                    _consume_all(self._conn, channel, queue, held)
+                _take_all(channel, queue, held)
+            except Exception as exc:
+                if not _not_found(exc):
+                    raise
+            yield channel, held
+            _give_back(held)
+            if transaction:
+                channel.tx_commit()
+            finished = True
+        finally:
+            if not finished and not transaction:
+                _give_back(held)
+            _close(channel)
+
+
+def _take_all(channel: Any, name: str, held: list[Any]) -> None:
+    """Take every message of queue ``name`` into ``held``.
+
+    A message another channel just gave back may reach the queue a moment after
+    that channel closed: until the count read at the start is reached, an empty
+    read is retried for up to ``_SETTLE`` seconds.
+    """
+    queue: Any = Queue(name, channel=channel, no_declare=True)  # type: ignore[no-untyped-call]
+    count = queue.queue_declare(passive=True).message_count
+    deadline = time.monotonic() + _SETTLE
+    while True:
+        message = queue.get(no_ack=False, accept=None)
+        if message is not None:
+            held.append(message)
+        elif len(held) >= count or time.monotonic() > deadline:
+            return
+        else:
+            time.sleep(0.02)
+
+
+def _consume_all(conn: Any, channel: Any, name: str, held: list[Any]) -> None:
+    """AMQP: take what ``name`` holds through a consumer (many times faster than gets).
+
+    Prefetch is the count read at the start, so nothing beyond it is delivered;
+    ``_take_all`` then gets whatever became ready meanwhile.
+    """
+    count = int(channel.queue_declare(queue=name, passive=True).message_count)
+    if not count:
+        return
+    channel.basic_qos(0, min(count, 65535), False)
+    tag = channel.basic_consume(
+        queue=name, no_ack=False,
+        callback=lambda raw: held.append(channel.message_to_python(raw)))
+    try:
+        while len(held) < count:
+            conn.drain_events(timeout=_SETTLE)
+    except TimeoutError:  # fewer than counted: expired, or taken by another reader
+        pass
+    finally:
+        channel.basic_cancel(tag)
+
+
+def _give_back(held: list[Any]) -> None:
+    for message in held:
+        if not message.acknowledged:
+            message.reject(requeue=True)
+
+
+def _not_found(exc: Exception) -> bool:
+    """A missing queue: AMQP 404, or a virtual transport's ``NOT_FOUND``."""
+    text = str(exc).lower()
+    return getattr(exc, "code", None) == 404 or getattr(exc, "reply_code", None) == 404 \
+        or "not_found" in text or "not found" in text
+
+
+def _close(channel: Any) -> None:
+    with suppress(Exception):  # already closed by a broker error
+        channel.close()

@@ -1,0 +1,150 @@
+"""Celery dead letters on Redis: the kombu lists ``<prefix><queue>.dead_letter[<sep><pri>]``.
+
+kombu keeps a Redis queue as a list of JSON envelopes (``body`` base64, ``headers``,
+``properties`` with ``delivery_info``, ``delivery_tag`` and ``priority``), one list
+per priority step, every key behind the transport's ``global_keyprefix``. Reading
+is ``LRANGE`` (nothing is taken), and a replay moves the exact envelope with one
+Lua script: remove it from the dead-letter list, push the copy where kombu's own
+``_put`` would. A dead message gone meanwhile (replayed or removed) is skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from celery_ext.dlq import JobRecords, dead_letter_of, dead_letter_queues, replay_headers
+from ojs_adapters.dlq import DeadLetter, ReplayMark
+
+#: KEYS: dead-letter list, target list; ARGV: (dead envelope, copy) pairs. Moves each
+#: envelope still in the dead-letter list; returns how many moved.
+_MOVE = """
+local moved = 0
+for i = 1, #ARGV, 2 do
+    if redis.call("lrem", KEYS[1], 1, ARGV[i]) == 1 then
+        redis.call("lpush", KEYS[2], ARGV[i + 1])
+        moved = moved + 1
+    end
+end
+return moved
+"""
+
+
+class _Envelope(NamedTuple):
+    """One dead message as stored: its list key, raw text, and parsed form."""
+
+    key: str
+    raw: bytes
+    data: dict[str, Any]
+
+
+class RedisDeadLetters:
+    """``DeadLetterStore`` over a Celery app's Redis dead-letter lists."""
+
+    framework = "celery"
+
+    def __init__(self, app: Any, queues: Sequence[str]) -> None:
+        import redis
+
+        self.app = app
+        self.records = JobRecords(app)
+        self.extra = list(queues)
+        self._conn = app.connection_for_write()
+        self.channel = self._conn.default_channel
+        self.prefix: str = self.channel.global_keyprefix or ""
+        self.client = redis.Redis(connection_pool=self.channel.pool)  # keys prefixed by hand
+        self._move = self.client.register_script(_MOVE)
+
+    def _names(self) -> dict[str, str]:
+        names = dead_letter_queues(self.app, self.extra)
+        suffix = ".dead_letter"
+        for raw in self.client.scan_iter(match=f"{self.prefix}*{suffix}", count=1000,
+                                         _type="list"):
+            dead = raw.decode()[len(self.prefix):]
+            names.setdefault(dead, dead[:-len(suffix)])
+        return names
+
+    def _lists(self, dead: str) -> list[str]:
+        return [self.prefix + self.channel._q_for_pri(dead, p) for p in self.channel.priority_steps]
+
+    def _envelopes(self, dead: str) -> list[_Envelope]:
+        found: list[_Envelope] = []
+        for key in dict.fromkeys(self._lists(dead)):
+            found += [_Envelope(key, raw, json.loads(raw))
+                      for raw in self.client.lrange(key, 0, -1)]
+        return found
+
+    def queues(self) -> list[str]:
+        return sorted(set(self._names().values()))
+
+    def scan(self, queue: str | None = None) -> list[DeadLetter]:
+        return [self._letter(e, original) for dead, original in self._names().items()
+                if queue in (None, original) for e in self._envelopes(dead)]
+
+    def remove(self, letters: Sequence[DeadLetter]) -> int:
+        wanted = {x.key for x in letters}
+        removed = 0
+        for dead, original in self._names().items():
+            for envelope in self._envelopes(dead):
+                if self._letter(envelope, original).key in wanted:
+                    removed += int(self.client.lrem(envelope.key, 1, envelope.raw))
+        return removed
+
+    def requeue(self, moves: Sequence[tuple[DeadLetter, ReplayMark]]) -> list[str]:
+        wanted = {x.key: (x, m) for x, m in moves}
+        moved: list[str] = []
+        for dead, original in self._names().items():
+            for envelope in self._envelopes(dead):
+                letter, mark = wanted.pop(self._letter(envelope, original).key, (None, None))
+                if letter is None or mark is None:
+                    continue
+                self.records.mark(letter, mark)
+                copy = self._copy(envelope.data, original, mark)
+                target = self.prefix + self.channel._q_for_pri(
+                    original, self.channel._get_message_priority(copy, reverse=False))
+                if self._move(keys=[envelope.key, target],
+                              args=[envelope.raw, json.dumps(copy)]):
+                    moved.append(letter.id)
+        return moved
+
+    def clear(self, queue: str) -> int:
+        removed = 0
+        for dead, original in self._names().items():
+            if original == queue:
+                keys = list(dict.fromkeys(self._lists(dead)))
+                with self.client.pipeline(transaction=True) as pipe:
+                    for key in keys:
+                        pipe.llen(key)
+                    pipe.delete(*keys)
+                    removed += sum(pipe.execute()[:-1])
+        return removed
+
+    def close(self) -> None:
+        self._conn.release()
+
+    def _letter(self, envelope: _Envelope, original: str) -> DeadLetter:
+        data = envelope.data
+        properties = data.get("properties") or {}
+        return dead_letter_of(body=_body(data), content_type=data.get("content-type", ""),
+                              content_encoding=data.get("content-encoding", ""),
+                              headers=data.get("headers") or {}, properties=properties,
+                              queue=original, accept=self.app.conf.accept_content)
+
+    def _copy(self, data: dict[str, Any], queue: str, mark: ReplayMark) -> dict[str, Any]:
+        """The envelope of the replayed copy: same body, fresh headers, routed to ``queue``."""
+        properties = dict(data.get("properties") or {})
+        properties["delivery_info"] = {"exchange": "", "routing_key": queue}
+        properties["delivery_tag"] = str(uuid.uuid4())
+        properties.pop("redelivered", None)
+        return {**data, "headers": replay_headers(data.get("headers") or {}, mark),
+                "properties": properties}
+
+
+def _body(data: dict[str, Any]) -> bytes:
+    body = data.get("body", "")
+    raw = body.encode() if isinstance(body, str) else bytes(body)
+    encoding = (data.get("properties") or {}).get("body_encoding")
+    return base64.b64decode(raw) if encoding == "base64" else raw

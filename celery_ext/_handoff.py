@@ -1,0 +1,107 @@
+"""Publishing an OjsTask's successor (its retry, or its dead letter) before the ack.
+
+Celery acks an ``acks_late`` message after the task returns or raises
+``Retry``; the retry is published inside ``Task.retry``, before that. Two things
+make that publish safe here:
+
+- **Accepted, not just sent.** It goes through a producer whose connection has
+  ``confirm_publish`` on (``confirming_connection``): on RabbitMQ each publish
+  waits for the broker's ack; on Redis the ``LPUSH`` reply is the acceptance.
+  Kombu's own publish retries are off, so the retries are ours:
+  ``ojs_adapters.backend_retry`` (5 tries from 100 ms) on backend errors.
+- **Told apart.** Every copy carries a fresh token (header ``ojs-token``): if one
+  retry ends up on the broker twice (a confirm or the original's ack was lost,
+  and the original came back and published it again), the copy that claims the
+  attempt first runs it and the other is dropped (``records.RecordStore.claim``).
+
+The ``x-ojs-*`` headers of ojs-errors.md section 5.3 ride on every republished
+failed job as message headers (AMQP application headers; the message envelope's
+``headers`` on Redis).
+
+Windows that remain (Celery acks in the worker's main process, after the trace):
+
+- A worker killed between the accepted publish and the ack leaves both on the
+  broker: the original comes back and is dropped (record marked ``handed_off``),
+  or, if that mark was lost too, publishes again and the extra copy is dropped
+  at its claim. Nothing is lost or run twice; a message may be discarded.
+- While the broker refuses publishes, a requeued original comes straight back
+  and tries again (5 tries per delivery), until the broker accepts.
+- Claims are atomic on the Redis result backend only; with another backend two
+  copies of one retry that start at the same moment can both run.
+- A claim whose reply was lost counts the attempt as lost (``HANDLER_PANIC``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import uuid
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from ojs_adapters.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
+
+T = TypeVar("T")
+
+#: Header holding the token of one published copy.
+TOKEN_HEADER = "ojs-token"
+#: Header a dead-letter replay adds (``celery_ext.dlq``): it starts a new round of claims.
+REPLAY_HEADER = "ojs-replay"
+#: App setting: an ``ojs_adapters.backend_retry.BackendRetry`` for the adapter's broker calls.
+BACKEND_RETRY_SETTING = "ojs_backend_retry"
+#: Confirming connections at most kept per app.
+POOL_LIMIT = 16
+
+#: Registry of confirming connection pools, one per app.
+_POOLS_REGISTRY: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_POOLS_LOCK = threading.Lock()
+
+
+def new_token() -> str:
+    """A fresh token for one published copy."""
+    return uuid.uuid4().hex
+
+
+def backend_retry_of(app: Any) -> BackendRetry:
+    """The app's ``ojs_backend_retry`` setting, else 5 tries from 100 ms."""
+    value = app.conf.get(BACKEND_RETRY_SETTING)
+    return value if isinstance(value, BackendRetry) else DEFAULT_BACKEND_RETRY
+
+
+@contextmanager
+def confirming_connection(app: Any) -> Iterator[Any]:
+    """A pooled broker connection of ``app`` with publisher confirms on.
+
+    A connection that failed is collected, so the next use reconnects.
+    """
+    with _POOLS_LOCK:
+        owner, pool = _POOLS_REGISTRY.get(app, (None, None))
+        if pool is None or owner != os.getpid():  # a forked pool process: kombu closed it
+            connection = app.connection_for_write(transport_options={"confirm_publish": True})
+            pool = connection.Pool(limit=POOL_LIMIT)
+            _POOLS_REGISTRY[app] = (os.getpid(), pool)
+    with pool.acquire(block=True, timeout=30) as conn:
+        try:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
+            yield conn
+        except Exception:
+            conn.collect()
+            raise
+
+
+def with_retry(app: Any, fn: Callable[[], T], *, operation: str) -> T:
+    """``fn()`` retried in place on backend errors (``OjsBackendError`` after the last try)."""
+    return backend_retry_of(app).call(fn, operation=operation)
+
+
+def replay_round(headers: Any) -> int:
+    """How many times a dead-letter replay sent this job again (0: never)."""
+    raw = (headers or {}).get(REPLAY_HEADER)
+    try:
+        data = json.loads(raw) if isinstance(raw, (str, bytes)) else dict(raw or {})
+        return int(data.get("replay_count", 0))
+    except (TypeError, ValueError):
+        return 0

@@ -1,0 +1,136 @@
+"""``OjsRequest``: the worker main process's side of an ``OjsTask`` delivery.
+
+Two things happen where only the main process can act:
+
+- **Dead letter.** The task body ends with ``JobDeadLettered``; here the
+  original message is published to the dead-letter queue (``_deadletter``)
+  and acked only after that succeeded. If the publish fails the message is
+  requeued; its redelivery sees the terminal record and raises again, so the
+  publish is retried and nothing is dropped (RET-17).
+- **Hard time limit.** The pool kills the process; Celery would store
+  FAILURE and ack (``Request.on_failure`` then ``on_timeout``). Instead the
+  job record is marked ("attempt N hit the hard limit") and the message is
+  requeued: its redelivery records a ``HANDLER_TIMEOUT`` entry and follows the
+  decision like any lost attempt (``_attempt``). If the pool process had
+  already died when the limit fired (the pool notices a death late, sometimes
+  after the limit), the attempt was lost to a crash, not a timeout: the
+  record is left unmarked and the redelivery records ``HANDLER_PANIC``.
+
+A lost worker process needs nothing here: ``reject_on_worker_lost`` requeues
+it and the redelivery is detected from the record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import replace
+from typing import Any
+
+from billiard.einfo import ExceptionWithTraceback
+from celery.exceptions import TimeLimitExceeded
+from celery.worker.request import Request
+from celery.worker.state import task_ready
+
+from celery_ext._deadletter import publish_dead_letter
+from celery_ext._handoff import with_retry
+from celery_ext._headers import HeaderState
+from celery_ext.exceptions import JobDeadLettered
+from celery_ext.records import RecordStore
+from ojs_adapters.backend_retry import count_failure
+from ojs_adapters.handoff import handed_off
+
+logger = logging.getLogger("celery_ext")
+
+
+class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
+    """Celery's ``Request`` plus dead-letter publishing and hard-time-limit requeueing."""
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
+                   return_ok: bool = False) -> None:
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        if isinstance(exc, JobDeadLettered) and not self._dead_letter(exc):
+            task_ready(self)
+            self.reject(requeue=True)
+            return
+        if isinstance(exc, TimeLimitExceeded) and self.task.acks_late:
+            self._requeue_timed_out(exc.args[0] if exc.args else None)
+            return
+        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        if soft or not self.task.acks_late:
+            super().on_timeout(soft, timeout)
+            return
+        self._requeue_timed_out(timeout)
+
+    def _dead_letter(self, exc: JobDeadLettered) -> bool:
+        """Publish the dead letter; ``False`` (logged) if it could not be published."""
+        queue = str(exc.record.extra.get("dead_letter_queue") or "")
+        try:
+            publish_dead_letter(self.task.app, self._message, queue, exc.record)
+        except Exception:
+            logger.exception("%s[%s]: could not publish to dead-letter queue %r; requeueing",
+                             self.name, self.id, queue)
+            return False
+        logger.info("%s[%s]: dead-lettered to %r", self.name, self.id, queue)
+        store = RecordStore(self.task.backend)
+        try:  # a redelivery of the original now knows the dead letter landed
+            with_retry(self.task.app, lambda: store.save(handed_off(exc.record)),
+                       operation="write job record")
+        except Exception:
+            count_failure("write job record", "failed")
+            logger.warning("%s[%s]: cannot mark the dead letter in the job record",
+                           self.name, self.id, exc_info=True)
+        return True
+
+    def _requeue_timed_out(self, timeout: Any) -> None:
+        """Mark the attempt as timed out in the record and requeue the message (once)."""
+        if self.acknowledged:
+            return  # on_failure and on_timeout both report one hard time limit
+        task_ready(self)
+        if _pool_process_exited(self.worker_pid):
+            # The process died on its own before its limit (the pool notices a death only
+            # when it next looks): a crash, which the redelivery records as HANDLER_PANIC.
+            logger.warning("%s[%s]: pool process %s died before the hard time limit fired; "
+                           "requeued to record a lost worker", self.name, self.id,
+                           self.worker_pid)
+            self.reject(requeue=True)
+            return
+        attempt = HeaderState.from_headers(self._request_dict).attempt
+        message = f"hard time limit ({timeout}s) exceeded"
+        logger.warning("%s[%s]: %s in attempt %d; requeued to record HANDLER_TIMEOUT",
+                       self.name, self.id, message, attempt)
+        store = RecordStore(self.task.backend)
+        try:
+            record = store.load(self.id)
+            if record is not None and record.state == "active" and record.attempt == attempt:
+                lost = {"attempt": attempt, "timeout": timeout, "message": message}
+                store.save(replace(record, extra={**record.extra, "lost": lost}))
+        except Exception:
+            logger.warning("%s[%s]: cannot mark the time limit in the job record",
+                           self.name, self.id, exc_info=True)
+        self.reject(requeue=True)
+
+
+def _pool_process_exited(pid: int | None) -> bool:
+    """Whether pool process ``pid`` has already exited (checked without reaping it).
+
+    A hard time limit fires from a timer, and billiard kills the process only
+    after this request's callbacks ran; a process already gone by then died of
+    something else (SIGKILL, OOM, segfault) that the pool has not noticed yet.
+    """
+    if not pid or not hasattr(os, "waitid"):
+        return False
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already, or not our child: is it still there?
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False

@@ -1,0 +1,190 @@
+"""Dead-letter management for Celery: ``ojs_adapters.dlq`` over the ``<queue>.dead_letter`` queues.
+
+An ``OjsTask`` dead-letters the original task message (body untouched) with its
+job record in the ``ojs-dead-letter`` header (``_deadletter``), so each message
+there is a ``DeadLetter`` as it stands. Replay publishes the original body back to
+its queue with fresh OJS headers (attempt 1, the full history kept, Celery's
+``retries`` and ``eta`` cleared) plus the header ``ojs-replay``
+(``{"replay_count", "last_replayed_at"}``, carried on by every later retry and
+dead letter), stamps the job record first, and removes *that* dead message in
+the same atomic step:
+
+- Redis: one Lua script moves the exact list element to the queue's list;
+- RabbitMQ: publish and ack commit in one AMQP transaction;
+- ``memory://``: in process, one step.
+
+The record must be reset before the replayed message runs: a worker that found
+the old terminal record at attempt 1 would take the replay for a duplicate.
+
+>>> from celery import Celery
+>>> app = Celery("demo", broker="memory://", backend="cache+memory://")
+>>> dead_letter_queue(app, queues=["emails"]).list().total
+0
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from kombu.serialization import loads as _untyped_loads
+from kombu.serialization import prepare_accept_content as _untyped_accept
+
+from celery_ext._deadletter import DEAD_LETTER_HEADER
+from celery_ext._headers import HEADER, HeaderState
+from celery_ext._routing import DEAD_LETTER_SETTING, dead_letter_queue_name
+from celery_ext.records import RecordStore
+from ojs_adapters import JobRecord
+from ojs_adapters.dlq import DeadLetter, DeadLetters, ReplayMark, last_error, load_object
+from ojs_adapters.dlq import replayed_record as _replayed_record
+
+#: kombu's deserializer (untyped upstream).
+_loads: Callable[..., Any] = _untyped_loads
+_accept: Callable[[Any], Any] = _untyped_accept
+#: Header carrying ``{"replay_count": n, "last_replayed_at": iso}`` on replayed jobs.
+REPLAY_HEADER = "ojs-replay"
+#: Headers of one dead-lettering or one delivery, dropped from a replayed copy.
+_DROPPED_HEADERS = frozenset({DEAD_LETTER_HEADER, "x-ojs-error-code", "x-ojs-error-message",
+                              "redelivered", "x-death", "x-first-death-exchange",
+                              "x-first-death-queue", "x-first-death-reason"})
+
+
+def dead_letter_queue(app: Any, *, queues: Sequence[str] = ()) -> DeadLetters:
+    """The dead letters of Celery ``app``'s queues (its configured ones plus ``queues``).
+
+    On Redis the dead-letter queues of other queues are found too (by key pattern).
+    """
+    with app.connection_for_write() as conn:
+        transport = conn.transport.driver_type
+    if transport in ("redis", "rediss"):
+        from celery_ext._dlq_redis import RedisDeadLetters
+
+        return DeadLetters(RedisDeadLetters(app, queues))
+    from celery_ext._dlq_kombu import KombuDeadLetters
+
+    return DeadLetters(KombuDeadLetters(app, queues))
+
+
+def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
+                           queues: Sequence[str] = (),
+                           options: Mapping[str, str] | None = None) -> DeadLetters:
+    """The ``ojs_adapters.dlq`` entry point: ``app`` is ``"module:celery_app"``.
+
+    ``broker`` (a URL) overrides the app's ``broker_url``; the job records are
+    updated in the app's result backend.
+    """
+    if not app:
+        raise ValueError("give --app module:app (the Celery app)")
+    found = load_object(app)
+    if not hasattr(found, "connection_for_write") or not hasattr(found, "conf"):
+        raise TypeError(f"{app} is {type(found).__name__}, not a Celery app")
+    if broker:
+        found.conf.broker_url = broker
+    return dead_letter_queue(found, queues=queues)
+
+
+def dead_letter_queues(app: Any, queues: Sequence[str]) -> dict[str, str]:
+    """``{dead-letter queue: original queue}`` for the app's queues and ``queues``."""
+    names = {str(q) for q in app.amqp.queues} | set(queues)
+    names = {q for q in names if not q.endswith(".dead_letter")}
+    template = app.conf.get(DEAD_LETTER_SETTING)
+    found = {dead_letter_queue_name(q, template): q for q in names}
+    for task in app.tasks.values():  # tasks with a dead_letter_queue of their own
+        own = getattr(type(task), "dead_letter_queue", None)
+        if own:
+            found.update({dead_letter_queue_name(q, own): q for q in names})
+    return found
+
+
+def dead_letter_of(*, body: bytes | str, content_type: str, content_encoding: str,
+                   headers: Mapping[str, Any], properties: Mapping[str, Any], queue: str,
+                   accept: Any = None) -> DeadLetter:
+    """The ``DeadLetter`` a dead Celery task message stands for.
+
+    Its ``key`` is the task id plus a digest of the body and the dead-letter
+    header: the same on every read, different for each dead-lettering.
+    """
+    if isinstance(body, str):  # py-amqp decodes bodies that name their encoding
+        body = body.encode(content_encoding or "utf-8")
+    raw = headers.get(DEAD_LETTER_HEADER)
+    record = JobRecord.from_dict(json.loads(raw)) if raw else None
+    state = HeaderState.from_headers(headers)
+    history = record.errors if record else state.errors
+    error_type, error_code = last_error(history)
+    args, kwargs, embed = _decode(body, content_type, content_encoding, accept)
+    replay = replay_info(headers)
+    stamp = (record.updated_at if record else None) or (history[-1].occurred_at if history
+                                                        else None)
+    digest = hashlib.sha1(body + str(raw).encode(), usedforsecurity=False).hexdigest()[:16]
+    return DeadLetter(
+        id=str(headers.get("id")), queue=record.queue if record and record.queue else queue,
+        task_type=str(headers.get("task")), error_type=error_type, error_code=error_code,
+        dead_lettered_at=_parse(stamp), attempt=record.attempt if record else state.attempt,
+        history=history,
+        payload={"args": args, "kwargs": kwargs, "embed": embed,
+                 "headers": {k: v for k, v in headers.items() if k != DEAD_LETTER_HEADER},
+                 "properties": dict(properties), "content_type": content_type},
+        replay_count=int(replay.get("replay_count", 0)),
+        last_replayed_at=replay.get("last_replayed_at"), key=f"{headers.get('id')}:{digest}")
+
+
+def replay_headers(headers: Mapping[str, Any], mark: ReplayMark) -> dict[str, Any]:
+    """The headers of a replayed copy: attempt 1, full history, Celery retries reset, mark set."""
+    raw = headers.get(DEAD_LETTER_HEADER)
+    record = JobRecord.from_dict(json.loads(raw)) if raw else None
+    state = HeaderState.from_headers(headers)
+    fresh = HeaderState(attempt=1, errors=record.errors if record else state.errors,
+                        policy=state.policy)
+    out = {k: v for k, v in headers.items() if k not in _DROPPED_HEADERS}
+    out.update({HEADER: fresh.encode(), REPLAY_HEADER: json.dumps(mark.to_dict()),
+                "retries": 0, "eta": None})
+    return out
+
+
+class JobRecords:
+    """Stamps replays on job records in the app's result backend."""
+
+    def __init__(self, app: Any) -> None:
+        self.store = RecordStore(app.backend)
+
+    def mark(self, letter: DeadLetter, mark: ReplayMark) -> None:
+        """Reset the record for a replay (before the move: see the module docstring)."""
+        record = self.store.load(letter.id) or JobRecord(
+            id=letter.id, type=letter.task_type, queue=letter.queue, max_attempts=letter.attempt,
+            attempt=letter.attempt, errors=letter.history)
+        self.store.save(_replayed_record(record, mark))
+
+
+def _decode(body: bytes, content_type: str, content_encoding: str,
+            accept: Any) -> tuple[Any, Any, Any]:
+    try:
+        decoded = _loads(body, content_type, content_encoding,
+                         accept=_accept(accept) if accept is not None else None)
+    except Exception:  # an unreadable body is still a dead letter: show its bytes
+        return None, None, {"undecodable_body": body[:256].decode("latin-1")}
+    if isinstance(decoded, (list, tuple)) and len(decoded) == 3:
+        return decoded[0], decoded[1], decoded[2]
+    return decoded, None, None  # task protocol 1
+
+
+def replay_info(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``{"replay_count", "last_replayed_at"}`` from a message's ``ojs-replay`` header, or ``{}``.
+
+    >>> replay_info({"ojs-replay": '{"replay_count": 2, "last_replayed_at": "x"}'})["replay_count"]
+    2
+    """
+    raw = (headers or {}).get(REPLAY_HEADER)
+    try:
+        data = json.loads(raw) if isinstance(raw, (str, bytes)) else dict(raw or {})
+    except (ValueError, TypeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _parse(stamp: str | None) -> datetime:
+    if not stamp:
+        return datetime.now(timezone.utc)
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))

@@ -1,0 +1,50 @@
+"""The exceptions an ``OjsTask`` ends with when the policy says stop.
+
+``AsyncResult.get()`` raises one of these for a discarded, failed or
+dead-lettered job. With the JSON result serializer Celery keeps only an
+exception's type, module and ``args`` (``backends/base.py``
+``prepare_exception``), so everything these classes carry lives in ``args``:
+``(message, record_dict)``. ``exception_to_python`` calls ``cls(*args)`` and
+the rebuilt exception has its ``record`` again, whatever the serializer.
+
+>>> from ojs_adapters import JobRecord
+>>> rec = JobRecord(id="t1", type="app.pay", queue="q", max_attempts=1, state="discarded",
+...                 outcome="discarded")
+>>> exc = JobDiscarded("app.pay[t1] discarded", rec.to_dict())
+>>> (exc.record.outcome, exc.outcome, type(exc)(*exc.args).record.id)
+('discarded', 'discarded', 't1')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ojs_adapters import JobRecord
+
+
+class JobDiscarded(Exception):
+    """The job ended without success and will not run again (discard or ``FAIL``).
+
+    ``record`` is the final ``JobRecord`` (errors, attempts, outcome);
+    ``outcome`` is ``"discarded"``, ``"failed"`` or ``"dead_letter"``.
+    """
+
+    def __init__(self, message: str, record: Mapping[str, Any]) -> None:
+        super().__init__(message, dict(record))
+        self.record: JobRecord = JobRecord.from_dict(record)
+
+    @property
+    def outcome(self) -> str | None:
+        """How the job ended, from the record."""
+        return self.record.outcome
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class JobDeadLettered(JobDiscarded):
+    """The job went to its dead-letter queue (``on_exhaustion: dead_letter``, ``DEAD_LETTER``).
+
+    ``record.extra["dead_letter_queue"]`` names the queue that holds it.
+    """

@@ -1,0 +1,129 @@
+"""The job record (DESIGN.md "Job record") in Celery's result backend.
+
+Celery rewrites a task's whole result meta on every RETRY and FAILURE write
+(``backends/base.py`` ``store_result``), so the record lives under a key of its
+own: ``<task meta key>.ojs`` on key-value backends (Redis, memcached,
+``cache+memory``), or as the meta of the pseudo task ``<task id>.ojs`` on
+others (database). It is rewritten at each step: ``active`` when an attempt
+starts, ``retryable`` with ``next_retry_at`` while a retry waits, and
+``completed`` or ``discarded`` at the end. The RPC backend and no backend at
+all keep no record; the history still travels in the message headers.
+
+>>> from celery import Celery
+>>> app = Celery("demo", broker="memory://", backend="cache+memory://")
+>>> get_job_record("no-such-task", app=app) is None
+True
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from typing import Any
+
+from celery.backends.base import BaseKeyValueStoreBackend, DisabledBackend
+from celery.backends.redis import RedisBackend
+from celery.backends.rpc import RPCBackend
+
+from ojs_adapters import JobRecord
+from ojs_adapters.handoff import Claim
+
+#: Suffix of the record's key (key-value backends) or pseudo task id (others).
+RECORD_SUFFIX = ".ojs"
+#: Suffix of the key of an attempt's claim (``<task id>:<attempt>``).
+CLAIM_SUFFIX = ".ojs-claim"
+#: Result state under which non key-value backends hold a record.
+RECORD_STATE = "OJS_RECORD"
+
+
+def get_job_record(task_id: str, *, app: Any) -> JobRecord | None:
+    """The job record of Celery task ``task_id``, or ``None`` if none was stored.
+
+    Readable while the job runs (``state == "active"``), while it waits for a
+    retry (``"retryable"``, ``next_retry_at``) and after it ended.
+
+    >>> # rec = get_job_record(result.id, app=app); rec.state, rec.attempt, rec.errors
+    """
+    return RecordStore(app.backend).load(task_id)
+
+
+class RecordStore:
+    """Reads and writes job records through a Celery result backend."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        #: RPC "stores" results as reply messages, read once: no place for a record.
+        self.enabled = not isinstance(backend, (DisabledBackend, RPCBackend))
+        self._key_value = isinstance(backend, BaseKeyValueStoreBackend)
+
+    def load(self, task_id: str) -> JobRecord | None:
+        """The stored record, or ``None``."""
+        if not self.enabled:
+            return None
+        if self._key_value:
+            raw = self.backend.get(self.backend.get_key_for_task(task_id, key=RECORD_SUFFIX))
+            if raw is None:
+                return None
+            return JobRecord.from_dict(json.loads(raw))
+        meta = self.backend.get_task_meta(task_id + RECORD_SUFFIX)
+        if meta.get("status") != RECORD_STATE or not isinstance(meta.get("result"), dict):
+            return None
+        return JobRecord.from_dict(meta["result"])
+
+    def save(self, record: JobRecord) -> None:
+        """Replace the stored record (no-op without a storing backend)."""
+        if not self.enabled:
+            return
+        if self._key_value:
+            key = self.backend.get_key_for_task(record.id, key=RECORD_SUFFIX)
+            self._set(key, record.to_json())
+        else:
+            self.backend.store_result(record.id + RECORD_SUFFIX, record.to_dict(), RECORD_STATE)
+
+    def _set(self, key: str, value: str) -> None:
+        backend = self.backend
+        if isinstance(backend, RedisBackend):
+            # RedisBackend.set writes with SETEX (deprecated by redis-py) and PUBLISHes
+            # the value for result waiters, which a record never has: a plain SET EX.
+            write = partial(backend.client.set, ex=backend.expires or None)
+            backend.ensure(write, (key, value))
+        else:
+            backend.set(key, value)
+
+    def claim(self, key: str, token: str) -> Claim:
+        """Claim attempt ``key`` for the copy ``token`` (``ojs_adapters.handoff.Claim``).
+
+        ``token`` is ``<copy token>|<delivery nonce>``. First writer wins,
+        atomically, on the Redis backend (``SET NX`` on ``<key prefix><key>.ojs-claim``):
+        ``"new"``, or ``"mine"`` for a redelivery of the same copy, or ``"other"``.
+        Other backends grant every claim as ``"new"`` (the record check remains).
+        """
+        client = getattr(self.backend, "client", None)
+        if not self.enabled or not isinstance(self.backend, RedisBackend) or client is None:
+            return "new"
+        name = self.backend.get_key_for_task(key, key=CLAIM_SUFFIX)
+        ttl = int(self.backend.expires or 86_400)
+        if client.set(name, token, nx=True, ex=ttl):
+            return "new"
+        held = client.get(name)
+        if held is None:
+            return "new"
+        value = held.decode() if isinstance(held, bytes) else held
+        if value == token:  # this delivery's own claim, its first reply lost
+            return "new"
+        return "mine" if value.split("|")[0] == token.split("|")[0] else "other"
+
+    def release(self, key: str) -> None:
+        """Drop the claim on attempt ``key`` (the attempt will be delivered afresh)."""
+        client = getattr(self.backend, "client", None)
+        if self.enabled and isinstance(self.backend, RedisBackend) and client is not None:
+            client.delete(self.backend.get_key_for_task(key, key=CLAIM_SUFFIX))
+
+    def delete(self, task_id: str) -> None:
+        """Remove the stored record, if any."""
+        if not self.enabled:
+            return
+        if self._key_value:
+            self.backend.delete(self.backend.get_key_for_task(task_id, key=RECORD_SUFFIX))
+        else:
+            self.backend.forget(task_id + RECORD_SUFFIX)

@@ -1,0 +1,159 @@
+"""``OjsTask``: a Celery task base class that follows the OJS retry policy.
+
+Use it as a base and change nothing else::
+
+    @app.task(base=OjsTask, retry_policy={"max_attempts": 5, "on_exhaustion": "dead_letter"})
+    def charge(order_id): ...
+
+    class Charge(OjsTask):              # or subclass it
+        retry_policy = {"max_attempts": 5}
+
+    app.conf.ojs_default_retry_policy = {"max_attempts": 4}      # app-wide default
+    charge.apply_async((42,), retry_policy={"max_attempts": 2})  # per call, in the headers
+
+Every exception from the task body goes through ``ojs_adapters.decide``
+(``_attempt``). What the class sets, and why:
+
+- ``acks_late = True`` and ``reject_on_worker_lost = True``: a crashed attempt
+  is redelivered, so it can be counted (RET-12). ``retry_on_worker_lost`` stays
+  off: Celery would retry with its own delay.
+- ``max_retries = None``: each retry passes the policy's own limit.
+- ``Request = OjsRequest``: hard time limits and dead letters are handled in
+  the worker's main process (``_request``).
+- ``throws = (JobDiscarded,)``: a policy-ended job is logged without a traceback.
+
+Celery's ``autoretry_for``, ``retry_backoff``, ``max_retries``,
+``default_retry_delay`` and ``retry_jitter`` are rejected (``_policy``).
+Because Celery's ``apply_async`` already has a ``retry_policy`` argument (the
+*publish* retry policy), an OjsTask takes that one as ``publish_retry_policy``.
+In eager mode (``task_always_eager``, ``apply()``) the body runs once, plainly:
+eager retries ignore countdowns, so OJS semantics are not emulated there.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from celery import Task
+
+from celery_ext._attempt import RetryRequested, run_attempt
+from celery_ext._headers import HEADER, HeaderState
+from celery_ext._policy import reject_celery_retry_options, task_policy
+from celery_ext.exceptions import JobDiscarded
+from ojs_adapters import OjsValidationError, RetryPolicy
+
+#: Keys of Celery's publish retry policy, which is not an OJS policy.
+_PUBLISH_RETRY_KEYS = frozenset({"max_retries", "interval_start", "interval_step",
+                                 "interval_max", "retry_errors"})
+
+
+class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
+    """A Celery task whose failures follow an OJS ``RetryPolicy``.
+
+    Class options (also accepted by ``@app.task(base=OjsTask, ...)``):
+
+    - ``retry_policy``: a partial OJS policy, merged over
+      ``app.conf.ojs_default_retry_policy`` and the OJS defaults.
+    - ``jitter_source``: zero-argument callable giving u in [0, 1) for the
+      jitter multiplier 0.5 + u (default ``app.conf.ojs_jitter_source``, then
+      ``random.random``); seed it to make countdowns reproducible. It is
+      called inside the failing attempt, so ``celery.current_task.request.id``
+      names the job (a per-job sample, as the conformance suite needs).
+    - ``dead_letter_queue``: template of the dead-letter queue name
+      (default ``app.conf.ojs_dead_letter_queue``, then ``{queue}.dead_letter``).
+
+    >>> from celery import Celery
+    >>> app = Celery("demo", broker="memory://")
+    >>> @app.task(base=OjsTask, retry_policy={"max_attempts": 2})
+    ... def add(x, y):
+    ...     return x + y
+    >>> add.policy().max_attempts
+    2
+    """
+
+    retry_policy: ClassVar[Mapping[str, Any] | None] = None
+    jitter_source: ClassVar[Callable[[], float] | None] = None
+    dead_letter_queue: ClassVar[str | None] = None
+
+    acks_late = True
+    reject_on_worker_lost = True
+    retry_on_worker_lost = False
+    max_retries = None
+    throws = (JobDiscarded,)
+    Request = "celery_ext._request:OjsRequest"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Validate the class's policy and options as the task is defined (RET-16)."""
+        super().__init_subclass__(**kwargs)
+        reject_celery_retry_options(cls.__dict__)
+        app = cls.__dict__.get("app")  # set by @app.task when it builds the class
+        if hasattr(app, "conf"):
+            task_policy(cls.retry_policy, app)
+        else:
+            RetryPolicy.from_dict(cls.retry_policy)
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Validate again once the app (and its default policy) is known."""
+        task_policy(cls.retry_policy, app)
+
+    def policy(self, override: Mapping[str, Any] | None = None) -> RetryPolicy:
+        """The effective policy: ``override`` over the task's over the app default."""
+        base = task_policy(type(self).retry_policy, self.app)
+        return RetryPolicy.from_dict(override, base=base) if override else base
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: Any = None,
+                    producer: Any = None, link: Any = None, link_error: Any = None,
+                    shadow: Any = None, *, retry_policy: Mapping[str, Any] | None = None,
+                    publish_retry_policy: Mapping[str, Any] | None = None,
+                    **options: Any) -> Any:
+        """Send the task; ``retry_policy`` overrides the OJS policy for this call only.
+
+        The override is validated here, in the caller (RET-16), and travels in
+        the ``ojs`` header as the full effective policy.
+        """
+        if isinstance(retry_policy, Mapping) and retry_policy and \
+                set(retry_policy) <= _PUBLISH_RETRY_KEYS:
+            raise OjsValidationError(
+                "retry_policy of an OjsTask is the OJS retry policy; pass Celery's publish "
+                "retry settings as publish_retry_policy=...",
+                code="INVALID_RETRY_POLICY", details={"field": "retry_policy"})
+        policy = self.policy(retry_policy)  # validates the task and app layers too
+        if retry_policy is not None:
+            headers = dict(options.get("headers") or {})
+            state = HeaderState.from_headers(headers)
+            headers[HEADER] = replace(state, policy=policy.to_dict()).encode()
+            options["headers"] = headers
+        if publish_retry_policy is not None:
+            options["retry_policy"] = publish_retry_policy
+        return super().apply_async(args, kwargs, task_id, producer, link, link_error,
+                                   shadow, **options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly:
+            return super().__call__(*args, **kwargs)
+        if request.is_eager:
+            return self.run(*args, **kwargs)
+        return run_attempt(self, args, kwargs)
+
+    def retry(self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None,
+              throw: bool = True, eta: Any = None, countdown: float | None = None,
+              max_retries: int | None = None, **options: Any) -> Any:
+        """Ask for a retry from the task body: the failure ``exc`` goes through the policy.
+
+        The policy decides whether and when (``countdown`` is only a minimum
+        delay); ``args``, ``kwargs``, ``eta`` and ``max_retries`` are not
+        supported on an OjsTask and raise ``OjsValidationError``.
+        """
+        unsupported = {"args": args, "kwargs": kwargs, "eta": eta, "max_retries": max_retries,
+                       **options}
+        given = sorted(k for k, v in unsupported.items() if v is not None)
+        if given or not throw:
+            raise OjsValidationError(
+                f"OjsTask.retry() takes only exc= and countdown=; got {given or ['throw']}",
+                code="INVALID_ARGS", details={"field": (given or ["throw"])[0]})
+        raise RetryRequested(exc if exc is not None else sys.exc_info()[1], countdown)
