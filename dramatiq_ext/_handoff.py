@@ -1,0 +1,131 @@
+"""Publishing a message's successor (its retry, or its dead-letter hop) before the ack.
+
+``OjsRetries`` decides in ``after_process_message``; Dramatiq acks (or nacks) the
+original afterwards, in ``post_process_message``. The successor is published here,
+in between, and must be *accepted* first:
+
+- **RabbitMQ**: a channel of our own per thread with publisher confirms, and the
+  ``x-ojs-*`` headers (ojs-errors.md section 5.3) as AMQP message headers; the
+  delay and ``.DQ`` routing are Dramatiq's (``eta`` option, ``dq_name``), and the
+  broker's ``enqueue`` hooks run as for ``broker.enqueue``. Dramatiq's own
+  ``enqueue`` can set neither headers nor confirms (unless ``confirm_delivery``).
+- **Redis and the stub broker**: ``broker.enqueue``; a returned Redis write is the
+  acceptance. The ``x-ojs-*`` names ride as message options (the Redis broker has
+  no headers), as they also do on RabbitMQ.
+
+Every copy carries a fresh token (option ``ojs_token``): two copies of one attempt
+(published twice because a confirm or an ack was lost) differ by it, so the
+duplicate is told from a broker redelivery of the same copy (``stores`` claims).
+Each publish is tried in place (``ojs_adapters.backend_retry``); if it still fails
+the caller holds the ack (``middleware``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from dramatiq.broker import Broker
+from dramatiq.common import current_millis, dq_name, q_name
+from dramatiq.message import Message
+
+from ojs_adapters.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
+
+#: Message option holding the token of one published copy.
+TOKEN_OPTION = "ojs_token"
+
+
+class Publisher:
+    """Publishes successors with in-place retries; one per ``OjsRetries``.
+
+    >>> from dramatiq.brokers.stub import StubBroker
+    >>> Publisher().retry.tries
+    5
+    """
+
+    def __init__(self, retry: BackendRetry | None = None) -> None:
+        self.retry = retry or DEFAULT_BACKEND_RETRY
+        self._local = threading.local()
+
+    def publish(self, broker: Broker, message: Message[Any], *, delay: int | None,
+                headers: Mapping[str, Any], operation: str) -> None:
+        """Publish ``message`` (after ``delay`` ms) until accepted; ``OjsBackendError`` if not.
+
+        Each try gets a fresh token: two tries that both land are told apart.
+        """
+        message = message.copy(options=dict(headers))
+
+        def once() -> None:
+            fresh = message.copy(options={TOKEN_OPTION: uuid.uuid4().hex})
+            self.publish_once(broker, fresh, delay, headers)
+
+        self.retry.call(once, operation=operation)
+
+    def publish_once(self, broker: Broker, message: Message[Any], delay: int | None,
+                     headers: Mapping[str, Any]) -> None:
+        """One try: the broker's own ``enqueue``, or a confirmed AMQP publish with headers."""
+        if _is_rabbitmq(broker):
+            self._publish_amqp(broker, message, delay, headers)
+        else:
+            broker.enqueue(message, delay=delay)
+
+    def _publish_amqp(self, broker: Any, message: Message[Any], delay: int | None,
+                      headers: Mapping[str, Any]) -> None:
+        import pika
+
+        queue = q_name(message.queue_name)
+        if delay is not None:
+            message = message.copy(queue_name=dq_name(queue),
+                                   options={"eta": current_millis() + delay})
+        broker.declare_queue(queue, ensure=True)
+        broker.emit_before("enqueue", message, delay)
+        channel = self._channel(broker)
+        properties = pika.BasicProperties(
+            delivery_mode=2, priority=message.options.get("broker_priority"),
+            headers={k: v for k, v in headers.items() if v is not None})
+        try:
+            # Blocks for the confirm; raises on nack, on a return (mandatory) and on a lost link.
+            channel.basic_publish(exchange="", routing_key=message.queue_name,
+                                  body=message.encode(), properties=properties, mandatory=True)
+        except Exception:
+            self._drop_channel()
+            raise
+        broker.emit_after("enqueue", message, delay)
+
+    def _channel(self, broker: Any) -> Any:
+        """This thread's confirming channel to ``broker`` (opened on first use)."""
+        import pika
+
+        channel = getattr(self._local, "channel", None)
+        if channel is not None and channel.is_open and getattr(self._local, "broker", None) \
+                is broker:
+            return channel
+        self._drop_channel()
+        connection = pika.BlockingConnection(parameters=broker.parameters)
+        channel = connection.channel()
+        channel.confirm_delivery()
+        self._local.connection, self._local.channel, self._local.broker = (
+            connection, channel, broker)
+        return channel
+
+    def _drop_channel(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        self._local.connection = self._local.channel = self._local.broker = None
+        if connection is not None and connection.is_open:
+            with contextlib.suppress(Exception):  # already broken: nothing to close cleanly
+                connection.close()
+
+    def close(self) -> None:
+        """Close this thread's channel (other threads' close with their connections)."""
+        self._drop_channel()
+
+
+def _is_rabbitmq(broker: Broker) -> bool:
+    try:
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+    except ImportError:  # dramatiq without its rabbitmq extra
+        return False
+    return isinstance(broker, RabbitmqBroker)

@@ -1,0 +1,145 @@
+"""Where a message's retry policy comes from, and what Dramatiq's own retry options become.
+
+Three layers, each a partial policy merged over the one below (RET-10): the
+message option ``retry_policy`` (``actor.send_with_options(retry_policy=...)``)
+over the actor option ``retry_policy`` over the middleware's ``default_policy``.
+
+Dramatiq's ``Retries`` options on an actor are translated, never obeyed beside
+the policy (one retry engine only):
+
+- ``max_retries=n`` becomes ``max_attempts = n + 1`` (Dramatiq counts retries,
+  OJS counts attempts); giving both ``max_retries`` and ``max_attempts`` is an error;
+- ``min_backoff`` / ``max_backoff`` (milliseconds) become ``initial_interval`` /
+  ``max_interval``; the OJS exponential strategy, coefficient 2, is Dramatiq's growth;
+- ``throws=(SomeError, ...)`` adds those classes to ``non_retryable_errors``, so they
+  end the job at once as ``on_exhaustion`` says (Dramatiq dead-letters them;
+  set ``on_exhaustion: dead_letter`` for that).
+
+``retry_when`` (a predicate) and ``on_retry_exhausted`` have no OJS equivalent and
+are rejected, as are all of these options on a single message.
+
+Errors are ``InvalidRetryPolicy``: an ``OjsValidationError`` that is also a
+Dramatiq ``MiddlewareError``, because ``Broker.emit_before`` logs and swallows
+every other exception a hook raises; this one reaches the caller of
+``@dramatiq.actor`` or ``send_with_options``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from dramatiq.middleware import MiddlewareError
+
+from ojs_adapters import OjsValidationError, RetryPolicy, error_type_of
+from ojs_adapters.durations import format_duration
+
+#: The actor and message option that carries an OJS retry policy.
+POLICY_OPTION = "retry_policy"
+#: Dramatiq ``Retries`` actor options translated into the actor's policy.
+TRANSLATED_OPTIONS = frozenset({"max_retries", "min_backoff", "max_backoff", "throws"})
+#: Dramatiq ``Retries`` options with no OJS meaning, and what to use instead.
+REJECTED_OPTIONS: Mapping[str, str] = {
+    "retry_when": "a predicate cannot be expressed as an OJS policy; raise "
+                  "JobError(..., code='DISCARD') or list the error type in non_retryable_errors",
+    "on_retry_exhausted": "use on_exhaustion: 'dead_letter' and read the .XQ queue, "
+                          "or an on_failure callback",
+}
+
+
+class InvalidRetryPolicy(OjsValidationError, MiddlewareError):
+    """A retry policy or retry option that ``OjsRetries`` refuses (RET-16).
+
+    Raised where the actor is declared or the message sent. Catch it as
+    ``OjsValidationError``; ``.details["field"]`` names the offending field.
+
+    >>> import dramatiq
+    >>> from dramatiq.brokers.stub import StubBroker
+    >>> from dramatiq_ext import OjsRetries
+    >>> broker = StubBroker(); broker.add_middleware(OjsRetries())
+    >>> try:
+    ...     dramatiq.actor(lambda: None, actor_name="bad", broker=broker,
+    ...                    retry_policy={"max_attempts": -1})
+    ... except OjsValidationError as exc:
+    ...     print(exc.details["field"])
+    max_attempts
+    """
+
+
+def policy_option(value: Any, *, base: RetryPolicy, where: str) -> RetryPolicy:
+    """``value`` (a mapping, a ``RetryPolicy`` or ``None``) merged over ``base``, validated."""
+    if value is None:
+        return base
+    try:
+        return RetryPolicy.from_dict(value, base=base)
+    except OjsValidationError as exc:
+        raise _invalid(exc, where) from None
+
+
+def actor_policy(options: Mapping[str, Any], default: RetryPolicy, *, actor: str) -> RetryPolicy:
+    """The policy an actor's options give, over ``default``; raises ``InvalidRetryPolicy``."""
+    for name, hint in REJECTED_OPTIONS.items():
+        if name in options:
+            raise _rejected(name, f"actor {actor!r} sets Dramatiq's {name!r}: {hint}")
+    given = options.get(POLICY_OPTION)
+    if isinstance(given, RetryPolicy):
+        given = given.to_dict()
+    if given is not None and not isinstance(given, Mapping):
+        return policy_option(given, base=default, where=f"actor {actor!r}")  # raises
+    own: Mapping[str, Any] = given or {}
+    merged = {**own, **_translate(options, own, actor=actor)}
+    return policy_option(merged or None, base=default, where=f"actor {actor!r}")
+
+
+def check_message_options(options: dict[str, Any], *, actor: str) -> None:
+    """Validate a message's own ``retry_policy``; refuse Dramatiq's retry options on it.
+
+    A ``RetryPolicy`` object is replaced by its ``to_dict()`` so the message stays JSON.
+    """
+    for name in sorted(TRANSLATED_OPTIONS | set(REJECTED_OPTIONS)):
+        if name in options:
+            raise _rejected(name, f"message for {actor!r} sets Dramatiq's {name!r}; "
+                                  f"pass retry_policy={{...}} instead")
+    value = options.get(POLICY_OPTION)
+    if isinstance(value, RetryPolicy):
+        options[POLICY_OPTION] = value.to_dict()
+    elif value is not None:
+        policy_option(value, base=RetryPolicy(), where=f"message for {actor!r}")
+
+
+def _translate(options: Mapping[str, Any], own: Mapping[str, Any], *,
+               actor: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "max_retries" in options:
+        retries = options["max_retries"]
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise _rejected("max_retries", f"actor {actor!r}: max_retries must be an int >= 0")
+        if "max_attempts" in own:
+            raise _rejected("max_retries", f"actor {actor!r} gives both max_retries and "
+                                           "retry_policy.max_attempts; keep max_attempts")
+        out["max_attempts"] = retries + 1
+    for name, field in (("min_backoff", "initial_interval"), ("max_backoff", "max_interval")):
+        if name in options:
+            millis = options[name]
+            if isinstance(millis, bool) or not isinstance(millis, (int, float)) or millis <= 0:
+                raise _rejected(name, f"actor {actor!r}: {name} must be milliseconds > 0")
+            out[field] = format_duration(timedelta(milliseconds=millis))
+    if options.get("throws"):
+        throws = options["throws"]
+        classes = throws if isinstance(throws, tuple) else (throws,)
+        if not all(isinstance(k, type) and issubclass(k, BaseException) for k in classes):
+            raise _rejected("throws", f"actor {actor!r}: throws must be exception classes")
+        prior = own.get("non_retryable_errors", [])
+        if isinstance(prior, (list, tuple)):  # anything else is left for the schema to refuse
+            out["non_retryable_errors"] = [*prior, *(error_type_of(k) for k in classes)]
+    return out
+
+
+def _invalid(exc: OjsValidationError, where: str) -> InvalidRetryPolicy:
+    return InvalidRetryPolicy(f"{where}: {exc.message}", code=exc.code, details=exc.details)
+
+
+def _rejected(name: str, message: str) -> InvalidRetryPolicy:
+    return InvalidRetryPolicy(message, code="INVALID_RETRY_POLICY",
+                              details={"field": name, "rule": "not supported by OjsRetries"})

@@ -1,0 +1,130 @@
+"""What a message carries between attempts: ``message.options["ojs"]``.
+
+``{"attempt": 2, "errors": [<entry>, ...]}`` where ``attempt`` is the attempt this
+delivery runs as (absent on the first send: attempt 1) and ``errors`` the newest
+history entries (``ErrorEntry.to_dict``), so a retried or dead-lettered message
+holds its own history even without a record store. ``"dead_letter": true``
+marks the hop that carries a dead-lettered job to the ``.XQ`` queue (see
+``middleware``). A job sent again from the dead-letter queue also carries
+``"replay_count"`` and ``"last_replayed_at"`` (``ojs_adapters.dlq``), kept on
+every later hop.
+
+Hostile or malformed input (``MessageState.of`` never raises) is handled per field:
+
+- ``options["ojs"]`` present but not an object, and ``attempt`` (not an int, a
+  bool, < 1 or > ``MAX_ATTEMPT``): the attempt count cannot be trusted, and
+  guessing (say, attempt 1) could loop for ever if every hop mangles it. ``invalid``
+  is set (an ``INVALID_PAYLOAD`` ``Failure``) and the middleware dead-letters the
+  message without running it; the entry's ``details`` keep a short repr of the value;
+- ``errors``: the ``MAX_DECODED_ENTRIES`` (1,000) newest items only, items that
+  are not readable entries dropped, strings cut (``history.decode_entries``);
+  ``history_limit`` then trims on the next failure;
+- ``dead_letter``: only ``true`` counts; ``replay_count``: only an int > 0;
+  ``last_replayed_at``: only a string, cut to 64 characters; any other key: ignored.
+
+The message's own ``retry_policy`` option is not read here: an invalid one is
+ignored (logged) and the actor's policy applies (``middleware``).
+
+>>> state = MessageState.of({"ojs": {"attempt": 2, "errors": []}})
+>>> (state.attempt, state.dead_letter)
+(2, False)
+>>> bad = MessageState.of({"ojs": {"attempt": -1, "errors": "junk"}})
+>>> (bad.attempt, bad.errors, bad.invalid.details["field"])
+(1, (), 'attempt')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+from ojs_adapters import ErrorEntry, JobRecord
+from ojs_adapters.failure import Failure
+from ojs_adapters.history import (
+    MAX_DECODED_ENTRIES,
+    append_entry,
+    bound_message,
+    decode_entries,
+    read_attempt,
+    short_repr,
+)
+
+#: The message option under which the adapter keeps its state.
+STATE_OPTION = "ojs"
+
+
+class MessageState(NamedTuple):
+    """The adapter's state as read from one delivery of a message.
+
+    ``invalid`` is set when the state is unreadable (see the module docstring); it
+    is never written back by ``to_option``.
+    """
+
+    attempt: int
+    errors: tuple[ErrorEntry, ...]
+    dead_letter: bool = False
+    replay_count: int = 0
+    last_replayed_at: str | None = None
+    invalid: Failure | None = None
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any]) -> MessageState:
+        """Read the state from message options (a first delivery has none). Never raises."""
+        raw = options.get(STATE_OPTION) if isinstance(options, Mapping) else None
+        if raw is None:
+            return cls(1, ())
+        if not isinstance(raw, Mapping):
+            return cls(1, (), invalid=_invalid(STATE_OPTION, "must be a JSON object", raw))
+        attempt = read_attempt(raw.get("attempt", 1))
+        invalid = None if attempt is not None else _invalid(
+            "attempt", "must be an integer in 1..2**31-1", raw.get("attempt"))
+        errors = decode_entries(raw.get("errors"), MAX_DECODED_ENTRIES)
+        replays = raw.get("replay_count", 0)
+        replays = replays if type(replays) is int and 0 < replays <= 2**31 - 1 else 0
+        replayed_at = raw.get("last_replayed_at")
+        return cls(attempt or 1, errors, raw.get("dead_letter") is True, replays,
+                   bound_message(replayed_at, 64) if isinstance(replayed_at, str) else None,
+                   invalid)
+
+    def after(self, entry: ErrorEntry, *, keep: int) -> MessageState:
+        """The state with ``entry`` appended (newest ``keep`` kept)."""
+        return self._replace(errors=append_entry(self.errors, entry, keep))
+
+    def to_option(self) -> dict[str, Any]:
+        """The JSON value of ``options["ojs"]``."""
+        out: dict[str, Any] = {"attempt": self.attempt,
+                               "errors": [e.to_dict() for e in self.errors]}
+        if self.dead_letter:
+            out["dead_letter"] = True
+        if self.replay_count:
+            out["replay_count"] = self.replay_count
+            out["last_replayed_at"] = self.last_replayed_at
+        return out
+
+
+def _invalid(name: str, rule: str, value: Any) -> Failure:
+    return Failure.invalid_payload(name, rule, short_repr(value))
+
+
+def to_millis(seconds: float) -> int:
+    """Whole milliseconds for the broker, rounded up: a retry is never early (RET-11).
+
+    >>> to_millis(0.25), to_millis(0.1234567)
+    (250, 124)
+    """
+    return math.ceil(round(seconds * 1000, 6))
+
+
+def with_countdown(record: JobRecord, seconds: float, millis: int) -> JobRecord:
+    """``record`` with one more retry delay noted in ``extra``.
+
+    ``countdowns`` is the policy's delay in seconds per retry, in order (what the
+    conformance suite compares with ``policy.delay``); ``delays_ms`` the whole
+    milliseconds handed to ``broker.enqueue``.
+    """
+    extra = dict(record.extra)
+    extra["countdowns"] = [*extra.get("countdowns", ()), seconds]
+    extra["delays_ms"] = [*extra.get("delays_ms", ()), millis]
+    return replace(record, extra=extra)

@@ -1,0 +1,199 @@
+"""Dead-letter management for Dramatiq: ``ojs_adapters.dlq`` over the ``<queue>.XQ`` queues.
+
+``OjsRetries`` dead-letters a job by failing a copy that carries its full history
+in ``options["ojs"]``, so every message in a ``.XQ`` queue is a ``DeadLetter`` as
+it stands. Replay sends a copy back to the original queue as attempt 1, history
+kept, ``replay_count``/``last_replayed_at`` in ``options["ojs"]`` and in the job
+record, and removes *that* dead message in the same atomic step:
+
+- Redis: one Lua script moves the entry from ``<ns>:<queue>.XQ`` to the queue;
+- RabbitMQ: the publish and the ack of the dead delivery commit in one AMQP
+  transaction (a client stopped before the commit changes nothing);
+- StubBroker: in process, one step.
+
+Replay writes the broker directly, so enqueue middleware hooks do not run for it;
+Dramatiq's ``AgeLimit`` still measures from the job's first send. Dramatiq itself
+drops dead messages after ``dead_message_ttl`` (7 days by default; Redis broker
+argument, RabbitMQ env ``dramatiq_dead_message_ttl``): raise it above the OJS
+retention (180 days) if that retention is to govern.
+
+>>> import dramatiq
+>>> from dramatiq.brokers.stub import StubBroker
+>>> from dramatiq_ext import OjsRetries
+>>> broker = StubBroker(); broker.add_middleware(OjsRetries())
+>>> dlq = dead_letter_queue(broker)
+>>> dlq.list().total
+0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from dramatiq.broker import Broker
+from dramatiq.common import q_name
+from dramatiq.message import Message
+
+from dramatiq_ext._state import STATE_OPTION, MessageState
+from dramatiq_ext.middleware import OjsRetries
+from dramatiq_ext.stores import MemoryRecordStore, RecordStore, RedisRecordStore, default_store
+from ojs_adapters import JobRecord
+from ojs_adapters.dlq import (
+    DeadLetter,
+    DeadLetters,
+    DeadLetterStore,
+    ReplayMark,
+    last_error,
+    load_object,
+    replayed_record,
+)
+
+#: Options that belong to one hop through a broker, dropped from a replayed copy.
+_HOP_OPTIONS = frozenset({"eta", "redis_message_id"})
+
+
+def dead_letter_queue(broker: Broker, *, queues: Sequence[str] = (),
+                      store: RecordStore | None = None) -> DeadLetters:
+    """The dead letters of ``broker`` (StubBroker, RedisBroker or RabbitmqBroker).
+
+    ``queues`` adds queue names to look at beyond those the broker knows: a
+    RabbitMQ connection cannot list queues, so there the broker's declared
+    queues (its actors') plus ``queues`` are all that is seen. ``store`` is where
+    the workers keep job records (see ``JobRecords``).
+    """
+    records = JobRecords(broker, store)
+    kind = type(broker).__name__
+    if kind == "StubBroker":
+        from dramatiq_ext._dlq_stub import StubDeadLetters
+
+        return DeadLetters(StubDeadLetters(broker, records, queues))
+    if kind == "RedisBroker":
+        from dramatiq_ext._dlq_redis import RedisDeadLetters
+
+        return DeadLetters(RedisDeadLetters(broker, records, queues))
+    if kind == "RabbitmqBroker":
+        from dramatiq_ext._dlq_rabbitmq import RabbitmqDeadLetters
+
+        return DeadLetters(RabbitmqDeadLetters(broker, records, queues))
+    raise TypeError(f"no dead-letter support for {kind}")
+
+
+def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
+                           queues: Sequence[str] = (),
+                           options: Mapping[str, str] | None = None) -> DeadLetters:
+    """The ``ojs_adapters.dlq`` entry point: ``app`` names a broker object, or ``broker`` a URL.
+
+    With ``--app module:broker`` the job records are updated where the workers
+    keep them (its ``OjsRetries`` store). With a URL, ``options["namespace"]`` is
+    the Redis broker's namespace (default ``dramatiq``) and records go where
+    ``OjsRetries`` keeps them by default for that broker (Redis without
+    ``Results``: the broker's Redis). ``options["records"]`` (a Redis URL, with
+    ``records_prefix``) names a ``RedisRecordStore`` instead. A RabbitMQ URL
+    alone reaches no records: list, show, delete, purge and prune work, replay
+    refuses (``JobRecords``).
+    """
+    options = options or {}
+    store = RedisRecordStore(url=options["records"], prefix=options.get(
+        "records_prefix", "ojs-record")) if options.get("records") else None
+    if app:
+        found = load_object(app)
+        if not isinstance(found, Broker):
+            raise TypeError(f"{app} is {type(found).__name__}, not a Dramatiq broker")
+        return dead_letter_queue(found, queues=queues, store=store)
+    if not broker:
+        raise ValueError("give --app module:broker or --broker URL")
+    scheme = broker.split(":", 1)[0]
+    built: Broker
+    if scheme in ("redis", "rediss", "unix"):
+        from dramatiq.brokers.redis import RedisBroker
+
+        built = RedisBroker(  # type: ignore[no-untyped-call]
+            url=broker, namespace=options.get("namespace", "dramatiq"))
+    elif scheme in ("amqp", "amqps"):
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+        built = RabbitmqBroker(url=broker)
+    else:
+        raise ValueError(f"unsupported Dramatiq broker URL scheme {scheme!r}")
+    return _Owning(dead_letter_queue(built, queues=queues, store=store).store, built)
+
+
+class _Owning(DeadLetters):
+    """``DeadLetters`` over a broker it built itself, closed with it."""
+
+    def __init__(self, store: DeadLetterStore, broker: Broker) -> None:
+        super().__init__(store)
+        self._broker = broker
+
+    def close(self) -> None:
+        super().close()
+        self._broker.close()
+
+
+def dead_letter_of(message: Message[Any], *, key: str,
+                   at: datetime | None = None) -> DeadLetter:
+    """The ``DeadLetter`` a dead Dramatiq message stands for.
+
+    ``at`` is when the broker dead-lettered it; without it, when the last error
+    happened (the dead-letter decision), else when the job was first sent.
+    """
+    state = MessageState.of(message.options)
+    error_type, error_code = last_error(state.errors)
+    fallback = _fallback_time(message, state)
+    return DeadLetter(
+        id=message.message_id, queue=q_name(message.queue_name), task_type=message.actor_name,
+        error_type=error_type, error_code=error_code,
+        # max: RabbitMQ's x-death time has whole seconds only, the last error ms.
+        dead_lettered_at=max(at, fallback) if at else fallback, attempt=state.attempt,
+        history=state.errors, payload=message.asdict(), replay_count=state.replay_count,
+        last_replayed_at=state.last_replayed_at, key=key)
+
+
+def replay_message(message: Message[Any], mark: ReplayMark) -> Message[Any]:
+    """The copy of a dead message that a replay sends: attempt 1, history kept, mark set."""
+    state = MessageState.of(message.options)
+    fresh = MessageState(1, state.errors, replay_count=mark.replay_count,
+                         last_replayed_at=mark.replayed_at)
+    options = {k: v for k, v in message.options.items() if k not in _HOP_OPTIONS}
+    options[STATE_OPTION] = fresh.to_option()
+    return dataclasses.replace(message, queue_name=q_name(message.queue_name), options=options)
+
+
+class JobRecords:
+    """Stamps replays on job records, in the store the workers use.
+
+    That is ``store`` if given, else the broker's ``OjsRetries`` store, else the
+    default one for the broker. A worker that finds a job's record terminal at
+    the replayed attempt drops the copy as a duplicate, so a replay refuses to
+    run when the records are out of reach: process memory of a broker that
+    other processes consume (a RabbitMQ URL without ``Results``).
+    """
+
+    def __init__(self, broker: Broker, store: RecordStore | None = None) -> None:
+        ojs = next((m for m in broker.middleware if isinstance(m, OjsRetries)), None)
+        self.store: RecordStore = store or (ojs.store_for(broker) if ojs else
+                                            default_store(broker))
+        self.reachable = not isinstance(self.store, MemoryRecordStore) or \
+            type(broker).__name__ == "StubBroker"
+
+    def mark(self, letter: DeadLetter, mark: ReplayMark) -> None:
+        """Record that ``letter`` is being replayed (before it moves: see ``ojs_adapters.dlq``)."""
+        if not self.reachable:
+            raise RuntimeError(
+                "replay needs the workers' job records: open the dead letters with "
+                "--app module:broker (the workers' broker), or --option records=REDIS_URL "
+                "[--option records_prefix=P] for a RedisRecordStore")
+        data = self.store.load(letter.id)
+        record = JobRecord.from_dict(data) if data else JobRecord(
+            id=letter.id, type=letter.task_type, queue=letter.queue,
+            max_attempts=letter.attempt, attempt=letter.attempt, errors=letter.history)
+        self.store.save(letter.id, replayed_record(record, mark).to_dict())
+
+
+def _fallback_time(message: Message[Any], state: MessageState) -> datetime:
+    if state.errors and state.errors[-1].occurred_at:
+        return datetime.fromisoformat(state.errors[-1].occurred_at.replace("Z", "+00:00"))
+    return datetime.fromtimestamp(message.message_timestamp / 1000, timezone.utc)

@@ -1,0 +1,583 @@
+"""``OjsRetries``: the OJS retry policy, error history and dead-lettering for Dramatiq actors.
+
+The middleware only translates Dramatiq events into ``ojs_adapters.decide`` inputs and
+executes the ``Decision``; it never reasons about the policy itself.
+
+- **One retry engine.** ``OjsRetries`` takes the place of Dramatiq's ``Retries``: the
+  first time it sees the broker (an actor declared, a message sent, a worker booted)
+  it puts itself in ``Retries``' slot of ``broker.middleware`` and a no-op in its own,
+  and logs a warning. The slot matters: ``after_*`` hooks run in *reverse* order, so
+  in ``Retries``' place (last in the defaults) its ``after_process_message`` runs
+  before ``Results``, ``Callbacks`` and the rest, which then see the decided job
+  record. The list keeps its length, so a swap during a hook's loop over the
+  middleware neither skips nor repeats one.
+- **Retry.** A failed attempt goes to ``decide``; ``retry`` re-enqueues a copy of the
+  message (same id, queue, options, ``broker_priority``) with ``delay`` = the decision's
+  seconds in whole milliseconds rounded up (RET-11), and ``options["ojs"]`` carrying
+  the next attempt number and the history.
+- **Dead letter.** Dramatiq dead-letters with ``message.fail()``; the broker then moves
+  the body it *stored* to ``<queue>.XQ`` (the Redis ``.msgs`` hash entry, the RabbitMQ
+  delivery), not the options changed in memory. So a ``dead_letter`` decision enqueues
+  a copy marked ``"dead_letter": true`` with the full history, and that copy, when a
+  worker picks it up, is failed at once (``message.fail()`` + ``SkipMessage``): the
+  ``.XQ`` then holds the complete history on every broker. Its stuffed exception is a
+  ``DeadLettered`` naming the last error, which ``Results`` stores for the message.
+  To run a dead message again, enqueue a copy without ``options["ojs"]["dead_letter"]``.
+- **Discard / fail** end the job: the message is acked, nothing is dead-lettered.
+- **Time limits** (``TimeLimitExceeded``) are ``HANDLER_TIMEOUT`` failures.
+- **Worker crashes.** The job record is written ``active`` as an attempt starts. A
+  delivery whose attempt the record already shows ``active`` is one whose worker
+  died (RabbitMQ redelivery, or the Redis broker re-pushing a dead worker's unacked
+  message unchanged): it consumes that attempt with a ``HANDLER_PANIC`` entry
+  (``Failure.worker_lost()``, RET-12) and follows the decision instead of running.
+  This needs a store the next worker can read (see ``stores``).
+
+**Safe hand-off** (issue 11). The successor of a failed attempt (its retry, or its
+dead-letter hop) is published in ``after_process_message`` with publisher confirms on
+RabbitMQ (``_handoff``) and the ``x-ojs-*`` error headers (ojs-errors.md 5.3), tried in
+place on backend errors (``ojs_adapters.backend_retry``: 5 tries from 100 ms). Dramatiq
+acks the original only afterwards (``post_process_message``); if the successor was not
+accepted, ``before_ack`` tries again and otherwise raises an error Dramatiq treats as a
+lost broker connection: it waits 5 s and calls ``before_ack`` again, so **the original
+is acked only after its successor is on the broker**, and a worker stopped meanwhile
+leaves it unacked, to be redelivered. The job record then says what a delivery is
+(``ojs_adapters.handoff.judge_delivery``): the record is marked once the successor is
+accepted; a redelivered original whose successor is not marked is published again;
+and every attempt is *claimed* by the copy that runs it (``stores.claim``, keyed by
+``<message id>:<attempt>``), so a successor published twice runs once.
+
+The final record of an attempt (and the ``handed_off`` mark) is saved before the ack
+too; if the store stays down the ack waits up to ``RECORD_HOLD_SECONDS`` (15 s), then
+goes without it (logged, counted ``write job record:abandoned``). A delivery whose
+claim cannot be made waits (unacked, nothing run) up to ``CLAIM_WAIT_SECONDS`` (60 s).
+
+Windows that remain:
+
+- The ack can be lost after the successor was accepted (the worker dies, or the link
+  drops, between the two). The original comes back and is dropped as a duplicate (or,
+  if the record mark was lost too, published again and the second copy dropped at its
+  claim). Nothing is lost; one extra message may be delivered and discarded.
+- A copy that ran while the store was unreachable and whose worker then died comes
+  back with its own claim and a record that never saw it: it counts as a lost attempt
+  (``HANDLER_PANIC``), never runs twice. So does a claim whose reply was lost.
+- Dramatiq's Redis consumer drops its in-memory delay queue on a connection error:
+  retries already accepted and prefetched from ``<queue>.DQ`` stay in that worker's
+  ack set until the worker is replaced (Dramatiq then requeues them after its
+  ``heartbeat_timeout``). The adapter cannot reach that queue; restart workers that
+  lost their Redis link (the RabbitMQ broker gives unacked messages back by itself).
+- While the broker is down, each held ack blocks its worker thread (Dramatiq retries
+  it every 5 s).
+
+Hook exceptions other than ``MiddlewareError`` are only logged by Dramatiq, so the
+hooks here guard their I/O: a record that cannot be read or saved (after its in-place
+retries) is logged and counted (``backend_retry.FAILURES_REGISTRY``), never failing
+the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.common import q_name
+from dramatiq.errors import BrokerConnectionError, Retry
+from dramatiq.middleware import Middleware, MiddlewareError, Retries, SkipMessage
+from dramatiq.middleware.time_limit import TimeLimitExceeded
+
+from dramatiq_ext._handoff import TOKEN_OPTION, Publisher
+from dramatiq_ext._options import (
+    POLICY_OPTION,
+    REJECTED_OPTIONS,
+    TRANSLATED_OPTIONS,
+    InvalidRetryPolicy,
+    actor_policy,
+    check_message_options,
+    policy_option,
+)
+from dramatiq_ext._state import STATE_OPTION, MessageState, to_millis, with_countdown
+from dramatiq_ext.stores import DEFAULT_RECORD_TTL, RecordStore, claim, default_store
+from ojs_adapters import (
+    MIN_HISTORY,
+    Decision,
+    DecisionEvent,
+    Failure,
+    JobRecord,
+    RetryPolicy,
+    decide,
+    describe_failure,
+    emit,
+)
+from ojs_adapters.backend_retry import BackendRetry, count_failure
+from ojs_adapters.errors import OjsBackendError
+from ojs_adapters.handoff import Claim, attempt_id, error_headers, handed_off, judge_delivery
+from ojs_adapters.history import utc_now
+
+#: A zero-argument callable returning the jitter sample u in [0, 1).
+JitterSource = Callable[[], float]
+#: Every actor option ``OjsRetries`` reads (Dramatiq refuses undeclared ones).
+ACTOR_OPTIONS = frozenset({POLICY_OPTION, *TRANSLATED_OPTIONS, *REJECTED_OPTIONS})
+
+
+class DeadLettered(Exception):
+    """The exception a dead-lettered message carries into ``Results`` and ``StubBroker.join``."""
+
+
+class _AttemptConsumed(MiddlewareError, Retry):
+    """Stops a redelivered message whose lost attempt was just recorded.
+
+    A ``MiddlewareError`` so ``emit_before`` lets it through, a ``Retry`` so the
+    worker does not log it as an unhandled error; ``Results`` stores nothing for it.
+    """
+
+
+class _HandoffPending(MiddlewareError, BrokerConnectionError):
+    """Holds the ack of a message whose successor the broker has not accepted yet.
+
+    Raised from ``before_ack``: a ``MiddlewareError`` so ``emit_before`` lets it
+    through, a ``BrokerConnectionError`` so ``post_process_message`` waits and tries
+    the ack (and with it our ``before_ack``) again instead of acking.
+    """
+
+    def __init__(self, message: str) -> None:
+        Exception.__init__(self, message)  # DramatiqError's __init__ is untyped
+        self.message = message
+
+
+class _Pending(NamedTuple):
+    """What must be on the broker and in the store before the original is acked.
+
+    ``message`` (a successor, or a copy handed back) is published first, then
+    ``record`` saved (marked ``handed_off`` if ``mark``); ``None`` parts are done.
+    """
+
+    message: Any
+    delay: int | None
+    headers: dict[str, Any]
+    record: JobRecord | None
+    mark: bool = True
+    since: float = 0.0  # time.monotonic() when only the record was left to save
+
+
+#: Seconds the ack waits for a record that cannot be saved (the successor, forever).
+RECORD_HOLD_SECONDS = 15.0
+#: Seconds a delivery waits for an unreachable claim store before it runs unclaimed.
+CLAIM_WAIT_SECONDS = 60.0
+#: Where ``before_process_message`` leaves the record it wrote, for this delivery only.
+_STARTED = "_ojs_started_record"
+#: Attribute of a ``MessageProxy`` holding its ``_Pending`` hand-off.
+_PENDING = "_ojs_pending_successor"
+
+
+
+class _ReplacedRetries(Middleware):
+    """The no-op left in ``OjsRetries``' former slot after it took ``Retries``' one."""
+
+    def __repr__(self) -> str:
+        return "<slot vacated by OjsRetries>"
+
+
+class OjsRetries(Middleware):
+    """Retry failed messages as the OJS retry policy says; replaces Dramatiq's ``Retries``.
+
+    Parameters:
+      default_policy: A (partial) policy mapping or ``RetryPolicy`` for actors and
+        messages without their own ``retry_policy``; the OJS default otherwise.
+      store: Where job records go (``stores.RecordStore``); by default the
+        ``Results`` backend, else the Redis broker's Redis, else process memory.
+      jitter_source: Returns the jitter sample u in [0, 1); seed it in tests.
+      history_limit: Error entries kept in the message and the record (>= 10).
+      record_ttl: Milliseconds a job record is kept.
+      backend_retry: How broker and store calls are retried in place
+        (``ojs_adapters.backend_retry.BackendRetry``; 5 tries from 100 ms).
+
+    Example::
+
+        broker = RedisBroker(url="redis://127.0.0.1:6379/0")
+        broker.add_middleware(OjsRetries(default_policy={"max_attempts": 5}))
+
+        @dramatiq.actor(broker=broker, retry_policy={"on_exhaustion": "dead_letter"})
+        def charge(order_id): ...
+
+        charge.send_with_options(args=(7,), retry_policy={"max_attempts": 2})
+    """
+
+    def __init__(
+        self,
+        *,
+        default_policy: Mapping[str, Any] | RetryPolicy | None = None,
+        store: RecordStore | None = None,
+        jitter_source: JitterSource | None = None,
+        history_limit: int = MIN_HISTORY,
+        record_ttl: int = DEFAULT_RECORD_TTL,
+        backend_retry: BackendRetry | None = None,
+    ) -> None:
+        self.logger = logging.getLogger(f"{__name__}.{type(self).__name__}")
+        self.default_policy = policy_option(default_policy, base=RetryPolicy(),
+                                            where="default_policy")
+        self.jitter_source: JitterSource = jitter_source or random.random
+        self.history_limit = max(history_limit, MIN_HISTORY)
+        self.record_ttl = record_ttl
+        self.backend_retry = backend_retry or BackendRetry()
+        self.publisher = Publisher(self.backend_retry)
+        self._store = store
+        self._stores: weakref.WeakKeyDictionary[Broker, RecordStore] = weakref.WeakKeyDictionary()
+        self._stores_lock = threading.Lock()
+        self._actor_policies: dict[str, RetryPolicy] = {}
+
+    @property
+    def actor_options(self) -> set[str]:
+        return set(ACTOR_OPTIONS)
+
+    def store_for(self, broker: Broker) -> RecordStore:
+        """The job-record store used with ``broker``."""
+        if self._store is not None:
+            return self._store
+        store = self._stores.get(broker)
+        if store is None:
+            # Every worker thread asks on its first message: two MemoryRecordStores
+            # would split a job's record between them.
+            with self._stores_lock:
+                store = self._stores.get(broker)
+                if store is None:
+                    store = self._stores[broker] = default_store(broker, ttl=self.record_ttl)
+        return store
+
+    def actor_policy(self, broker: Broker, actor_name: str) -> RetryPolicy:
+        """The effective policy of an actor: its options over ``default_policy``.
+
+        A message's own ``retry_policy`` is merged over this one when it runs.
+        """
+        policy = self._actor_policies.get(actor_name)
+        if policy is None:
+            actor = broker.get_actor(actor_name)
+            policy = self._actor_policies[actor_name] = actor_policy(
+                actor.options, self.default_policy, actor=actor_name)
+        return policy
+
+    # -- declaring and sending: validation (RET-16) -------------------------------------
+
+    def before_declare_actor(self, broker: Broker, actor: Any) -> None:
+        self._claim(broker)
+        self._actor_policies[actor.actor_name] = actor_policy(
+            actor.options, self.default_policy, actor=actor.actor_name)
+
+    # Called directly (exceptions reach the caller) for actors declared before
+    # ``add_middleware``; after ``before_declare_actor`` otherwise.
+    after_declare_actor = before_declare_actor
+
+    def before_enqueue(self, broker: Broker, message: Any, delay: int | None) -> None:
+        self._claim(broker)
+        check_message_options(message.options, actor=message.actor_name)
+
+    def before_worker_boot(self, broker: Broker, worker: Any) -> None:
+        self._claim(broker)
+
+    # -- processing ---------------------------------------------------------------------
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        self._claim(broker)
+        state = MessageState.of(message.options)
+        if state.dead_letter:  # the hop to the dead-letter queue: fail it, never run it
+            if self._claim_attempt(broker, message, state, "dead_letter") == "other":
+                raise _AttemptConsumed("a second copy of a dead letter: dropped")
+            message.fail()
+            raise SkipMessage("dead-lettered by OjsRetries")
+        policy = self._policy(broker, message)
+        if state.invalid is not None:  # unreadable OJS state: dead-letter it unrun (_state)
+            self.logger.error("Message %r carries unreadable OJS state (%s); dead-lettering it.",
+                              message.message_id, state.invalid.message)
+            self._execute(broker, message, state,
+                          self._new_record(message, policy, state).started(state.attempt),
+                          decide(policy, state.attempt, state.invalid))
+            raise _AttemptConsumed("unreadable OJS state: dead-lettered (INVALID_PAYLOAD)")
+        record = self._load(broker, message.message_id)
+        nonce = uuid.uuid4().hex  # this delivery: a retried claim whose reply was lost is ours
+        verdict = judge_delivery(record, state.attempt,
+                                 claim=self._wait_for_claim(broker, message, state, nonce))
+        if verdict == "run":
+            record = (record or self._new_record(message, policy, state)).started(state.attempt)
+            self._save(broker, record)
+            vars(message)[_STARTED] = record  # after_process_message needs no second read
+            return
+        # "lost" without a record: this copy ran before while the store was unreachable.
+        record = record or self._new_record(message, policy, state).started(state.attempt)
+        if verdict == "lost":
+            self.logger.warning("Message %r arrived again during attempt %d: its worker died.",
+                                message.message_id, state.attempt)
+            decision = decide(policy, state.attempt, Failure.worker_lost(),
+                              jitter_sample=self._sample(policy))
+            self._execute(broker, message, state, record, decision)
+            raise _AttemptConsumed("attempt lost with its worker (HANDLER_PANIC)")
+        if verdict == "resend":
+            self.logger.warning("Message %r arrived again after attempt %d was decided: "
+                                "publishing its retry again.", message.message_id, record.attempt)
+            self._resend(broker, message, state, record)
+        elif verdict == "redo_terminal":
+            self.logger.warning("Message %r arrived again after it was dead-lettered: "
+                                "publishing the dead letter again.", message.message_id)
+            self._hand_off(broker, message, state._replace(dead_letter=True,
+                                                           errors=record.errors), record, None)
+        else:
+            self.logger.info("Dropping a duplicate of message %r, attempt %d (record: %s at %d).",
+                             message.message_id, state.attempt, record.state, record.attempt)
+        raise _AttemptConsumed(f"attempt {state.attempt} already handled ({verdict})")
+
+    def after_process_message(self, broker: Broker, message: MessageProxy, *,
+                              result: Any = None, exception: BaseException | None = None) -> None:
+        if isinstance(exception, _AttemptConsumed):
+            return
+        state = MessageState.of(message.options)
+        policy = self._policy(broker, message)
+        # The record this delivery wrote as it started (no store read); else read it.
+        record = vars(message).pop(_STARTED, None) or self._load(broker, message.message_id)
+        if record is None:  # an earlier middleware stopped the message before our hook
+            record = self._new_record(message, policy, state).started(state.attempt)
+        if exception is None:
+            self._save_before_ack(broker, message, record.completed())
+            return
+        decision = decide(policy, state.attempt, _failure_of(exception),
+                          jitter_sample=self._sample(policy))
+        self._execute(broker, message, state, record, decision)
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        state = MessageState.of(message.options)
+        if state.dead_letter and message.failed and state.errors:
+            last = state.errors[-1]
+            message.stuff_exception(DeadLettered(f"{last.code} {last.type}: {last.message}"))
+
+    # -- executing a decision -----------------------------------------------------------
+
+    def _execute(self, broker: Broker, message: MessageProxy, state: MessageState,
+                 record: JobRecord, decision: Decision) -> None:
+        state = state.after(decision.entry, keep=self.history_limit)
+        record = record.failed(decision.entry, action=decision.action, delay=decision.delay,
+                               keep=self.history_limit)
+        if decision.action == "retry" and decision.delay is not None:
+            millis = to_millis(decision.delay)
+            record = with_countdown(record, decision.delay, millis)
+            # Saved before the enqueue: the next attempt may start at once.
+            self._save(broker, record)
+            self.logger.debug("Retrying message %r as attempt %d in %d ms.",
+                              message.message_id, state.attempt + 1, millis)
+            self._hand_off(broker, message, state._replace(attempt=state.attempt + 1), record,
+                           millis)
+        elif decision.action == "dead_letter":
+            self._save(broker, record)
+            self.logger.debug("Dead-lettering message %r (%s).", message.message_id,
+                              decision.reason)
+            self._hand_off(broker, message, state._replace(dead_letter=True), record, None)
+        else:
+            self._save_before_ack(broker, message, record)
+            self.logger.debug("Ending message %r: %s (%s).", message.message_id,
+                              decision.action, decision.reason)
+        # The structured log (``ojs_adapters.logs``) and metrics hooks see each decision once.
+        emit(DecisionEvent(framework="dramatiq", job_id=message.message_id,
+                           task=message.actor_name, queue=q_name(message.queue_name),
+                           max_attempts=record.max_attempts, decision=decision))
+
+    # -- the hand-off: successor accepted before the original is acked ------------------
+
+    def _hand_off(self, broker: Broker, message: MessageProxy, state: MessageState,
+                  record: JobRecord, delay: int | None) -> None:
+        """Publish the successor ``state`` describes; if it fails, keep it for ``before_ack``."""
+        attempt = record.attempt if state.dead_letter else state.attempt
+        pending = _Pending(message.copy(options={STATE_OPTION: state.to_option()}), delay,
+                           error_headers(record.errors[-1], attempt), record)
+        self._publish_pending(broker, message, pending)
+
+    def _resend(self, broker: Broker, message: MessageProxy, state: MessageState,
+                record: JobRecord) -> None:
+        """Publish again the retry ``record`` decided (its first publish may not have landed)."""
+        due = record.next_retry_at
+        wait = 0.0
+        if due:
+            wait = (datetime.fromisoformat(due.replace("Z", "+00:00")) - utc_now()).total_seconds()
+        successor = state._replace(attempt=record.attempt + 1, errors=record.errors)
+        self._hand_off(broker, message, successor, record, to_millis(max(wait, 0.0)))
+
+    def _publish_pending(self, broker: Broker, message: MessageProxy, pending: _Pending) -> bool:
+        """Do what ``pending`` still needs; ``False`` (kept on the message) if it cannot yet."""
+        if pending.message is not None:
+            what = "dead letter" if MessageState.of(pending.message.options).dead_letter \
+                else "retry"
+            try:
+                self.publisher.publish(broker, pending.message, delay=pending.delay,
+                                       headers=pending.headers, operation=f"publish {what}")
+            except OjsBackendError as error:
+                self.logger.error("The %s of message %r was not accepted (%s); holding the "
+                                  "ack until it is.", what, message.message_id, error.code)
+                vars(message)[_PENDING] = pending
+                return False
+            except Exception:
+                # Not the broker (a serializer, a middleware refusing it): trying again
+                # cannot help, so the original goes to Dramatiq's dead-letter queue.
+                self.logger.exception("Could not publish the %s of message %r; "
+                                      "dead-lettering the original instead.", what,
+                                      message.message_id)
+                vars(message).pop(_PENDING, None)
+                message.fail()
+                return True
+            pending = pending._replace(message=None)
+        if pending.record is not None:
+            record = handed_off(pending.record) if pending.mark else pending.record
+            if pending.mark and self._newer_attempt_started(broker, record):
+                # The successor already ran and wrote its own record: this late mark
+                # would overwrite it with an older history (it lost an entry under load).
+                vars(message).pop(_PENDING, None)
+                return True
+            if not self._save(broker, record):
+                since = pending.since or time.monotonic()
+                if time.monotonic() - since < RECORD_HOLD_SECONDS:
+                    # A redelivery must find it: hold the ack, for a while.
+                    vars(message)[_PENDING] = pending._replace(since=since)
+                    return False
+                count_failure("write job record", "abandoned")
+                self.logger.error("Acking message %r without its job record (store down "
+                                  "for %.0f s).", message.message_id, RECORD_HOLD_SECONDS)
+        vars(message).pop(_PENDING, None)
+        return True
+
+    def _newer_attempt_started(self, broker: Broker, record: JobRecord) -> bool:
+        """Whether the store already holds a later attempt of ``record``'s job.
+
+        A read before the write: it shrinks the window for a stale overwrite from the
+        whole publish-to-save gap to one store round trip; it does not close it.
+        """
+        try:
+            current = self._load(broker, record.id)
+        except Exception:
+            return False
+        return current is not None and current.attempt > record.attempt
+
+    def _save_before_ack(self, broker: Broker, message: MessageProxy, record: JobRecord) -> None:
+        """Save an attempt's final record; if the store is down, hold the ack until it is saved.
+
+        Without it a redelivered original (its ack lost too) would not know the attempt ended.
+        """
+        if not self._save(broker, record):
+            vars(message)[_PENDING] = _Pending(None, None, {}, record, mark=False)
+
+    def before_ack(self, broker: Broker, message: MessageProxy) -> None:
+        pending = vars(message).get(_PENDING)
+        if pending is not None and not self._publish_pending(broker, message, pending):
+            raise _HandoffPending(f"successor of {message.message_id} not accepted; ack held")
+
+    before_nack = before_ack
+
+    def _wait_for_claim(self, broker: Broker, message: MessageProxy,
+                        state: MessageState, nonce: str) -> Claim:
+        """The claim, waiting (unacked, nothing run) while the store is unreachable.
+
+        After ``CLAIM_WAIT_SECONDS`` it runs unclaimed rather than block the thread for
+        good: the only case where two copies of one attempt could both run.
+        """
+        deadline = time.monotonic() + CLAIM_WAIT_SECONDS
+        while True:
+            claimed = self._claim_attempt(broker, message, state, nonce=nonce)
+            if claimed is not None:
+                return claimed
+            if time.monotonic() > deadline:
+                self.logger.error("Could not claim attempt %d of %r for %.0f s; running it "
+                                  "unclaimed.", state.attempt, message.message_id,
+                                  CLAIM_WAIT_SECONDS)
+                return "new"
+            time.sleep(1.0)
+
+    def _claim_attempt(self, broker: Broker, message: MessageProxy, state: MessageState,
+                       step: str | None = None, nonce: str = "") -> Claim | None:
+        """Whether this copy may run ``state.attempt`` (or ``step``); ``None``: store down."""
+        key = attempt_id(message.message_id, state.attempt)
+        if step:
+            key += f"/{step}"
+        if state.replay_count:
+            key += f"/replay{state.replay_count}"
+        token = f"{_token_of(message)}|{nonce or uuid.uuid4().hex}"
+        store = self.store_for(broker)
+        try:
+            return self.backend_retry.call(lambda: claim(store, key, token, self.record_ttl),
+                                           operation="claim attempt")
+        except OjsBackendError:
+            return None
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _claim(self, broker: Broker) -> None:
+        """Take Dramatiq's ``Retries`` slot (see the module docstring)."""
+        slots = broker.middleware
+        for index, other in enumerate(slots):
+            if isinstance(other, Retries):
+                mine = next((i for i, m in enumerate(slots) if m is self), None)
+                slots[index] = self
+                if mine is not None:
+                    slots[mine] = _ReplacedRetries()
+                self.logger.warning(
+                    "OjsRetries replaced %r at position %d: two retry engines cannot run "
+                    "together. Build the broker without Retries to silence this.", other, index)
+
+    def _policy(self, broker: Broker, message: MessageProxy) -> RetryPolicy:
+        base = self.actor_policy(broker, message.actor_name)
+        try:
+            return policy_option(message.options.get(POLICY_OPTION), base=base,
+                                 where=f"message {message.message_id}")
+        except InvalidRetryPolicy:  # sent by a producer without OjsRetries
+            self.logger.exception("Ignoring the invalid retry_policy of %r.", message.message_id)
+            # Dropped from this delivery, so its retry or dead letter (copies of it) is
+            # not refused by ``before_enqueue`` and runs under the actor's policy too.
+            message.options.pop(POLICY_OPTION, None)
+            return base
+
+    def _sample(self, policy: RetryPolicy) -> float | None:
+        return self.jitter_source() if policy.jitter else None
+
+    def _new_record(self, message: MessageProxy, policy: RetryPolicy,
+                    state: MessageState) -> JobRecord:
+        """A record from what the message carries (no record yet, or the store is down)."""
+        return JobRecord(id=message.message_id, type=message.actor_name,
+                         queue=q_name(message.queue_name), max_attempts=policy.max_attempts,
+                         errors=state.errors)
+
+    def _load(self, broker: Broker, message_id: str) -> JobRecord | None:
+        store = self.store_for(broker)
+        try:
+            data = self.backend_retry.call(lambda: store.load(message_id),
+                                           operation="read job record")
+        except Exception:
+            count_failure("read job record", "failed")
+            self.logger.exception("Could not read the job record of %r.", message_id)
+            return None
+        return JobRecord.from_dict(data) if data else None
+
+    def _save(self, broker: Broker, record: JobRecord) -> bool:
+        """Store ``record``; ``False`` (logged and counted) if even the retries failed."""
+        store, data = self.store_for(broker), record.to_dict()
+        try:
+            self.backend_retry.call(lambda: store.save(record.id, data),
+                                    operation="write job record")
+        except Exception:  # the record is an aid: never fail the job for it
+            count_failure("write job record", "failed")
+            self.logger.exception("Could not save the job record of %r.", record.id)
+            return False
+        return True
+
+
+def _token_of(message: MessageProxy) -> str:
+    """The token of this copy of the message ("sent": the producer's own send)."""
+    return str(message.options.get(TOKEN_OPTION) or "sent")
+
+
+def _failure_of(exception: BaseException) -> Failure:
+    """What ``decide`` needs to know about an exception a Dramatiq actor raised."""
+    if isinstance(exception, TimeLimitExceeded):
+        return describe_failure(exception, catalog_code="HANDLER_TIMEOUT")
+    failure = describe_failure(exception)
+    if isinstance(exception, Retry) and exception.delay is not None:
+        failure = failure._replace(retry_after=exception.delay / 1000)  # ms -> s
+    return failure
