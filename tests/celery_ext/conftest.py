@@ -1,0 +1,77 @@
+"""Fixtures: one real in-process Celery worker per broker (memory://, Redis, RabbitMQ).
+
+Starting and stopping an embedded worker costs seconds, so each broker gets
+one worker for the session, consuming a pool of fresh queues; every test
+takes queues of its own from the pool (``env.take_queue()``), so no test sees
+another's messages or dead letters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from celery.worker import state as worker_state
+
+from tests.brokers import AMQP_URL, REDIS_URL, require
+from tests.celery_ext.support import Broker, register_tasks
+
+#: Queues each session worker consumes; tests take them one by one.
+QUEUES_PER_WORKER = 24
+
+
+@dataclass
+class Env:
+    """A running worker on one broker, its app, tasks and unused queues."""
+
+    broker: Broker
+    app: Celery
+    tasks: dict[str, Any]
+    free: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.broker.name
+
+    def take_queue(self) -> str:
+        assert self.free, "raise QUEUES_PER_WORKER"
+        return self.free.pop()
+
+
+def _broker(name: str) -> Broker:
+    if name == "memory":
+        return Broker("memory", "memory://", "cache+memory://")
+    require("Redis", "127.0.0.1", 6379)
+    if name == "redis":
+        return Broker("redis", REDIS_URL, REDIS_URL)
+    require("RabbitMQ", "127.0.0.1", 5672)
+    return Broker("amqp", AMQP_URL, REDIS_URL)  # the record needs a storing backend
+
+
+@pytest.fixture(scope="session", params=["memory", "redis", "amqp"])
+def env(request: pytest.FixtureRequest) -> Iterator[Env]:
+    """A session worker on the broker named by the parameter."""
+    broker = _broker(request.param)
+    app = broker.make_app(f"ojs-tests-{broker.name}")
+    tasks = register_tasks(app)
+    queues = [broker.queue_name(f"s{i}") for i in range(QUEUES_PER_WORKER)]
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False,
+                      queues=queues, loglevel="WARNING", shutdown_timeout=30):
+        yield Env(broker, app, tasks, list(queues))
+        _wake_for_shutdown(tasks["scripted"], queues[0])
+    broker.cleanup(app)
+
+
+def _wake_for_shutdown(task: Any, queue: str) -> None:
+    """Flag the shutdown, then send a message so the consumer loop sees the flag now.
+
+    Without it the loop only checks the flag when its poll times out (up to
+    10 s on AMQP, 2 s on memory://); the message stays unprocessed and goes
+    with the queue in cleanup.
+    """
+    worker_state.should_terminate = 0
+    task.apply_async((["ok"],), queue=queue)

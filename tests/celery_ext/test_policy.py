@@ -1,0 +1,172 @@
+"""Where the policy comes from, when it is validated (RET-09, RET-10, RET-16); settings checks."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+import pytest
+from celery import Celery, signals
+
+from celery_ext import JobDeadLettered, JobDiscarded, OjsTask, check_worker_settings
+from ojs_adapters import JobRecord, OjsValidationError
+
+
+def _app(**conf: Any) -> Celery:
+    app = Celery("policy-tests", broker="memory://", backend="cache+memory://",
+                 set_as_current=False)
+    app.conf.update(conf)
+    app.finalize()
+    return app
+
+
+def test_ret09_default_policy_when_none_given() -> None:
+    app = _app()
+
+    @app.task(shared=False, base=OjsTask)
+    def plain() -> None: ...
+
+    assert plain.policy().to_dict()["max_attempts"] == 3
+    assert plain.policy().on_exhaustion == "discard"
+
+
+def test_ret10_layers_merge_app_task_call() -> None:
+    app = _app(ojs_default_retry_policy={"max_attempts": 7, "jitter": False})
+
+    @app.task(shared=False, base=OjsTask,
+              retry_policy={"initial_interval": "PT3S", "max_interval": "PT9S"})
+    def layered() -> None: ...
+
+    policy = layered.policy({"max_attempts": 2})
+    assert (policy.max_attempts, policy.jitter, policy.initial_interval.total_seconds(),
+            policy.max_interval.total_seconds()) == (2, False, 3.0, 9.0)
+    assert layered.policy().max_attempts == 7
+
+
+def test_ret16_bad_task_policy_raises_at_definition() -> None:
+    app = _app()
+    with pytest.raises(OjsValidationError) as info:
+        @app.task(shared=False, base=OjsTask, retry_policy={"max_attempts": -1})
+        def bad() -> None: ...
+    assert info.value.code == "INVALID_RETRY_POLICY"
+    assert info.value.details["field"] == "max_attempts"
+
+
+def test_ret16_bad_subclass_policy_raises_at_class_definition() -> None:
+    with pytest.raises(OjsValidationError) as info:
+        class Bad(OjsTask):
+            retry_policy: ClassVar[dict[str, Any]] = {"backoff_coefficient": 0.5}
+    assert info.value.details["field"] == "backoff_coefficient"
+
+    class Good(OjsTask):
+        retry_policy: ClassVar[dict[str, Any]] = {"max_attempts": 4}
+
+    app = _app()
+    task = app.register_task(Good())
+    assert task.policy().max_attempts == 4
+
+
+def test_ret16_lazy_app_validates_before_anything_is_sent() -> None:
+    """An unfinalized app builds task classes lazily: the error comes at first use."""
+    app = Celery("lazy", broker="memory://", set_as_current=False)
+
+    @app.task(shared=False, base=OjsTask, retry_policy={"on_exhaustion": "explode"})
+    def lazy() -> None: ...
+
+    with pytest.raises(OjsValidationError):
+        lazy.apply_async(queue="never-consumed")
+
+
+def test_ret16_ret19_bad_call_policy_raises_in_the_caller() -> None:
+    app = _app()
+
+    @app.task(shared=False, base=OjsTask)
+    def sent() -> None: ...
+
+    with pytest.raises(OjsValidationError) as info:
+        sent.apply_async(queue="never-consumed", retry_policy={"initial_interval": "1 second"})
+    assert info.value.details["field"] == "initial_interval"
+    with pytest.raises(OjsValidationError):  # Celery's publish retry shape is pointed out
+        sent.apply_async(queue="never-consumed", retry_policy={"max_retries": 3})
+
+
+def test_ret16_bad_app_default_raises_in_the_caller() -> None:
+    """A bad app-wide default fails where the task is built or sent, never in a worker."""
+    app = Celery("bad-default", broker="memory://", set_as_current=False)
+    app.conf.ojs_default_retry_policy = {"jitter": "yes"}
+
+    @app.task(shared=False, base=OjsTask)
+    def uses_default() -> None: ...
+
+    with pytest.raises(OjsValidationError) as info:
+        uses_default.apply_async(queue="never-consumed")
+    assert info.value.details["field"] == "jitter"
+
+
+@pytest.mark.parametrize("option, value", [
+    ("autoretry_for", (ValueError,)), ("max_retries", 5), ("retry_backoff", True),
+    ("retry_backoff_max", 60), ("retry_jitter", False), ("default_retry_delay", 10),
+    ("retry_on_worker_lost", True),
+])
+def test_celery_retry_options_are_rejected_not_combined(option: str, value: Any) -> None:
+    app = _app()
+    with pytest.raises(OjsValidationError) as info:
+        @app.task(shared=False, base=OjsTask, **{option: value})
+        def mixed() -> None: ...
+    assert info.value.details["field"] == option
+    assert "retry_policy" in str(info.value) or "attempt" in str(info.value)
+
+
+def test_terminal_exceptions_survive_the_json_result_serializer() -> None:
+    """Celery keeps only type, module and args with JSON: the record is in args."""
+    app = _app(result_serializer="json")
+    record = JobRecord(id="t-1", type="x", queue="q", max_attempts=2, state="discarded",
+                       attempt=2, dead_lettered=True, outcome="dead_letter")
+    stored = app.backend.prepare_exception(JobDeadLettered("gone", record.to_dict()))
+    assert isinstance(stored, dict)
+    rebuilt = app.backend.exception_to_python(stored)
+    assert isinstance(rebuilt, JobDeadLettered) and isinstance(rebuilt, JobDiscarded)
+    assert rebuilt.record == record
+    assert str(rebuilt) == "gone"
+
+
+def test_worker_settings_check_names_each_problem() -> None:
+    app = Celery("checks", broker="redis://127.0.0.1:6379/0", backend="rpc://",
+                 set_as_current=False)
+    app.conf.broker_transport_options = {"visibility_timeout": 30}
+
+    @app.task(shared=False, base=OjsTask, acks_late=False, reject_on_worker_lost=False,
+              retry_policy={"max_interval": "PT1M"}, time_limit=45)
+    def careless() -> None: ...
+
+    problems = " | ".join(check_worker_settings(app))
+    for needle in ("acks_late is off", "reject_on_worker_lost is off", "RPCBackend",
+                   "longest retry countdown (60s)", "longest time limit (45s)"):
+        assert needle in problems
+    assert check_worker_settings(_app()) == []
+
+
+def test_worker_start_logs_each_problem(caplog: pytest.LogCaptureFixture) -> None:
+    """The worker_init receiver logs the check's findings as warnings."""
+    app = Celery("checks-log", broker="memory://", backend="rpc://", set_as_current=False)
+
+    @app.task(shared=False, base=OjsTask, acks_late=False)
+    def careless() -> None: ...
+
+    with caplog.at_level(logging.WARNING, logger="celery_ext"):
+        signals.worker_init.send(sender=type("FakeWorker", (), {"app": app})())
+    messages = [r.getMessage() for r in caplog.records if r.name == "celery_ext"]
+    assert any("acks_late is off" in m for m in messages)
+    assert any("RPCBackend" in m for m in messages)
+
+
+def test_retry_options_celery_would_apply_are_refused() -> None:
+    """OjsTask.retry takes exc= and countdown= only: max_retries, eta... belong to the policy."""
+    app = _app()
+
+    @app.task(shared=False, base=OjsTask)
+    def strict() -> None: ...
+
+    with pytest.raises(OjsValidationError) as info:
+        strict.retry(max_retries=9)
+    assert info.value.details["field"] == "max_retries"

@@ -1,0 +1,90 @@
+"""Dramatiq actor options to OJS (issue 6), checked against Dramatiq's Retries defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from ojs_adapters import OjsValidationError
+from ojs_adapters.migrate import Band, from_dramatiq
+from ojs_adapters.migrate.dramatiq import (
+    DEFAULT_MAX_BACKOFF_MS,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_MIN_BACKOFF_MS,
+    dramatiq_band,
+)
+
+
+def test_defaults_match_dramatiqs_retries_middleware() -> None:
+    retries = pytest.importorskip("dramatiq.middleware.retries")
+    assert DEFAULT_MIN_BACKOFF_MS == retries.DEFAULT_MIN_BACKOFF == 15_000
+    assert DEFAULT_MAX_BACKOFF_MS == retries.DEFAULT_MAX_BACKOFF == 7 * 86_400_000
+    assert DEFAULT_MAX_RETRIES == retries.Retries().max_retries == 20
+
+
+def test_defaults_translate_to_21_attempts_15s_to_7_days_dead_letter() -> None:
+    m = from_dramatiq({})
+    policy = m.policy
+    assert policy is not None
+    assert policy.max_attempts == 21
+    assert policy.initial_interval.total_seconds() == 15.0
+    assert policy.max_interval.total_seconds() == 7 * 86_400
+    assert policy.on_exhaustion == "dead_letter"
+    assert policy.schedule()[:3] == [15.0, 30.0, 60.0]
+
+
+def test_band_matches_dramatiqs_compute_backoff() -> None:
+    common = pytest.importorskip("dramatiq.common")
+    for retries, min_ms, max_ms in ((0, 15_000, DEFAULT_MAX_BACKOFF_MS), (3, 1000, 10_000),
+                                    (2, 1000, 6_000), (5, 1000, 10_000)):
+        band = dramatiq_band(retries, min_ms=min_ms, max_ms=max_ms)
+        draws = [common.compute_backoff(retries, factor=min_ms, max_backoff=max_ms)[1] / 1000
+                 for _ in range(600)]
+        assert band.low - 0.001 <= min(draws) and max(draws) <= band.high
+        assert sum(draws) / len(draws) == pytest.approx(band.mean, rel=0.1)
+
+
+def test_band_shapes() -> None:
+    assert dramatiq_band(0, min_ms=1000, max_ms=60_000) == Band(1.0, 2.0, 1.5)
+    assert dramatiq_band(10, min_ms=1000, max_ms=60_000) == Band(30.0, 60.0, 45.0)
+
+
+def test_throws_become_non_retryable() -> None:
+    m = from_dramatiq({"throws": ["ValueError", "myapp.Fatal"]})
+    assert m.policy.non_retryable_errors == ("ValueError", "myapp.Fatal")  # type: ignore[union-attr]
+
+
+def test_retry_when_is_code_and_gets_no_policy_without_a_cap() -> None:
+    m = from_dramatiq({"retry_when": "should_retry"})
+    assert m.policy is None
+    assert [n.severity for n in m.notes if n.field == "retry_when"] == ["unsupported"]
+    capped = from_dramatiq({"retry_when": "should_retry"}, unbounded_attempts=5)
+    assert capped.policy is not None and capped.policy.max_attempts == 5
+
+
+def test_max_retries_none_is_unbounded_and_reported() -> None:
+    assert from_dramatiq({"max_retries": None}).policy is None
+
+
+def test_max_backoff_over_7_days_is_clamped() -> None:
+    m = from_dramatiq({"max_backoff": 30 * 86_400_000})
+    assert m.policy.max_interval.total_seconds() == 7 * 86_400  # type: ignore[union-attr]
+    assert any(n.field == "max_backoff" for n in m.notes)
+
+
+def test_zero_retries_and_zero_backoff() -> None:
+    assert from_dramatiq({"max_retries": 0}).policy.max_attempts == 1  # type: ignore[union-attr]
+    m = from_dramatiq({"min_backoff": 0, "max_retries": 2})
+    assert m.policy.initial_interval.total_seconds() == 0.001  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("opts", "field"), [
+    ({"max_retries": "x"}, "max_retries"), ({"min_backoff": -1}, "min_backoff"),
+    ({"throws": "not a list"}, None),
+])
+def test_bad_options(opts: dict[str, object], field: str | None) -> None:
+    if field is None:  # a single name is accepted as a list of one
+        assert from_dramatiq(opts).policy is not None
+        return
+    with pytest.raises(OjsValidationError) as info:
+        from_dramatiq(opts)
+    assert info.value.details["field"] == field

@@ -1,0 +1,218 @@
+"""Reading retry settings from Ruby, YAML and JSON files and directories (issue 6)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ojs_adapters import OjsValidationError
+from ojs_adapters.migrate import (
+    Band,
+    Fidelity,
+    FidelityRow,
+    load_document,
+    migrate_path,
+    migrate_text,
+    read_ruby,
+)
+from ojs_adapters.migrate._common import jitter_mean
+from ojs_adapters.migrate._ruby import Dynamic
+
+RUBY = '''
+class HardJob
+  include Sidekiq::Job
+  sidekiq_options retry: 5, dead: false # five, then drop
+end
+
+module Billing
+  class ChargeJob < ApplicationJob
+    sidekiq_options(queue: "critical",
+                    :retry => 0,
+                    "retry_for" => 48.hours, dead: ENV["KEEP_DEAD"])
+    sidekiq_retry_in do |count, exception|
+      case exception
+      when CardStolen then :kill
+      when Stale
+        :discard
+      end
+    end
+  end
+end
+
+class TunedJob
+  sidekiq_options retry: MAX_RETRIES, tags: ["a", "b"], note: "has # hash"
+end
+'''
+
+
+def test_literal_sidekiq_options_are_read() -> None:
+    jobs = {job.name: job for job in read_ruby(RUBY)}
+    assert jobs["HardJob"].options == {"retry": 5, "dead": False}
+    assert jobs["HardJob"].dynamic == ()
+    charge = jobs["ChargeJob"]
+    assert charge.options["retry"] == 0
+    assert charge.options["retry_for"] == 172_800
+    assert charge.options["queue"] == "critical"
+
+
+def test_dynamic_ruby_is_reported_not_guessed() -> None:
+    jobs = {job.name: job for job in read_ruby(RUBY)}
+    charge = jobs["ChargeJob"]
+    assert isinstance(charge.options["dead"], Dynamic)
+    assert isinstance(charge.options["sidekiq_retry_in"], Dynamic)
+    assert ":kill" in charge.options["sidekiq_retry_in"]
+    lines = [line for line, _ in charge.dynamic]
+    assert lines == [9, 12]  # the line the call starts on, and the block
+    tuned = jobs["TunedJob"]
+    assert tuned.options["note"] == "has # hash"
+    assert isinstance(tuned.options["retry"], Dynamic)
+
+
+def test_retry_in_blocks_on_one_line_do_not_swallow_what_follows() -> None:
+    text = ("class A\n  sidekiq_options retry: 2\n  sidekiq_retry_in do |c| 10 * c end\nend\n"
+            "class B\n  sidekiq_options retry: 4\n  sidekiq_retry_in { |c| :kill }\nend\n"
+            "class C\n  sidekiq_options retry: 1\nend\n")
+    jobs = {job.name: job for job in read_ruby(text)}
+    assert sorted(jobs) == ["A", "B", "C"]
+    assert jobs["C"].options == {"retry": 1}
+    assert ":kill" in jobs["B"].options["sidekiq_retry_in"]
+
+
+def test_default_job_options_are_read() -> None:
+    text = 'Sidekiq.default_job_options = { "retry" => 3, "dead" => false }\n'
+    [job] = read_ruby(text)
+    assert (job.name, job.options) == ("Sidekiq.default_job_options", {"retry": 3, "dead": False})
+
+
+def test_ruby_file_migration_keeps_origin_lines(tmp_path: Path) -> None:
+    (tmp_path / "jobs.rb").write_text(RUBY)
+    found = {m.name: m for m in migrate_path("sidekiq", tmp_path)}
+    assert found["HardJob"].policy.max_attempts == 6  # type: ignore[union-attr]
+    assert found["HardJob"].origin.endswith("jobs.rb:4")  # type: ignore[union-attr]
+    assert found["ChargeJob"].policy is None  # dead: ENV[...] decides where it goes
+    assert found["TunedJob"].policy is None
+    assert any("line 9" in n.text for n in found["ChargeJob"].notes)
+
+
+ruby_values = st.fixed_dictionaries(
+    {"retry": st.one_of(st.booleans(), st.integers(0, 100))},
+    optional={"dead": st.booleans(), "retry_for": st.integers(1, 30),
+              "queue": st.sampled_from(["default", "low"])})
+
+
+@settings(max_examples=50, deadline=None)
+@given(options=ruby_values, rocket=st.booleans())
+def test_ruby_literals_round_trip(options: dict[str, object], rocket: bool) -> None:
+    def literal(key: str, value: object) -> str:
+        if key == "retry_for":
+            return f"{value}.days"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return f'"{value}"' if isinstance(value, str) else str(value)
+
+    pairs = [f":{k} => {literal(k, v)}" if rocket else f"{k}: {literal(k, v)}"
+             for k, v in options.items()]
+    [job] = read_ruby("class J\n  sidekiq_options " + ", ".join(pairs) + "\nend\n")
+    expected = {k: (v * 86_400 if k == "retry_for" else v) for k, v in options.items()}
+    assert job.options == expected
+
+
+def test_yaml_single_named_and_list_documents() -> None:
+    assert [m.name for m in migrate_text("sidekiq", "retry: 3\n")] == [None]
+    named = migrate_text("sidekiq", "HardJob:\n  retry: 3\nSoftJob:\n  retry: false\n")
+    assert [(m.name, m.policy.max_attempts) for m in named] == [("HardJob", 4), ("SoftJob", 1)]  # type: ignore[union-attr]
+    listed = migrate_text("bullmq", json.dumps([{"name": "mail", "attempts": 3}, {"attempts": 1}]))
+    assert [(m.name, m.policy.max_attempts) for m in listed] == [("mail", 3), ("#1", 1)]  # type: ignore[union-attr]
+
+
+def test_job_payloads_name_themselves() -> None:
+    [m] = migrate_text("sidekiq", '{"class": "HardJob", "args": [1], "retry": 2}')
+    assert (m.name, m.policy.max_attempts) == ("HardJob", 3)  # type: ignore[union-attr]
+    [f] = migrate_text("faktory", '{"jobtype": "Webhook", "retry": -1}')
+    assert f.name == "Webhook"
+
+
+def test_sidekiq_yml_symbol_keys() -> None:
+    [m] = migrate_text("sidekiq", ":max_retries: 7\n:concurrency: 5\n")
+    assert m.policy.max_attempts == 8  # type: ignore[union-attr]
+
+
+def test_directory_walk_reads_matching_files_only(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text('{"max_retries": 2}')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.yaml").write_text("max_retries: 0\n")
+    (tmp_path / "notes.txt").write_text("not options")
+    found = migrate_path("celery", tmp_path)
+    assert [m.policy.max_attempts for m in found] == [3, 1]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("text", ["", "   ", "{{{", "- [unclosed"])
+def test_unreadable_documents_raise_invalid_payload(text: str) -> None:
+    with pytest.raises(OjsValidationError) as info:
+        load_document(text, "x.yaml")
+    assert info.value.code == "INVALID_PAYLOAD"
+    assert info.value.details["field"] == "x.yaml"
+
+
+def test_wrong_shapes_and_unknown_dialects() -> None:
+    with pytest.raises(OjsValidationError):
+        migrate_text("sidekiq", "42")
+    with pytest.raises(OjsValidationError) as info:
+        migrate_text("resque", "{}")
+    assert info.value.details["field"] == "dialect"
+    with pytest.raises(OjsValidationError):
+        migrate_path("sidekiq", "/no/such/path")
+
+
+# -- the model ------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(capped=st.floats(0.001, 1e6), factor=st.floats(0.5, 3.0))
+def test_jitter_mean_matches_numeric_integration(capped: float, factor: float) -> None:
+    cap = max(capped * factor, capped)
+    steps = 4000
+    numeric = sum(min(capped * (0.5 + (i + 0.5) / steps), cap) for i in range(steps)) / steps
+    assert jitter_mean(capped=capped, cap=cap) == pytest.approx(numeric, rel=1e-4)
+
+
+def test_fidelity_figures() -> None:
+    rows = (FidelityRow(1, Band(10, 10, 10), Band(5, 15, 10)),
+            FidelityRow(2, Band(10, 10, 10), Band(10, 30, 20)),
+            FidelityRow(3, Band(10, 10, 10), Band(2, 6, 4)))
+    fidelity = Fidelity(rows)
+    assert fidelity.worst_ratio == 0.4  # 1/0.4 = 2.5 strays more than 2.0
+    assert fidelity.worst is rows[2]
+    assert fidelity.old_total == 30 and fidelity.new_total == 34
+    assert not fidelity.exact
+    assert Fidelity(()).worst_ratio == 1.0 and Fidelity(()).exact
+    infinite = Fidelity((FidelityRow(1, Band(0, 0, 0), Band(1, 1, 1)),))
+    assert math.isinf(infinite.worst_ratio)
+    json.dumps(infinite.to_dict(), allow_nan=False)  # inf is written as null
+
+
+def test_migration_json_is_plain() -> None:
+    for text in ("retry: 3", "retry: false", "sidekiq_retry_in: {Foo: ':discard'}"):
+        for m in migrate_text("sidekiq", text):
+            json.dumps(m.to_dict(), allow_nan=False)
+
+
+@pytest.mark.parametrize("module", [
+    "ojs_adapters.migrate", "ojs_adapters.migrate._model", "ojs_adapters.migrate._common",
+    "ojs_adapters.migrate._fit", "ojs_adapters.migrate._ruby", "ojs_adapters.migrate._files",
+    "ojs_adapters.migrate.sidekiq", "ojs_adapters.migrate.faktory",
+    "ojs_adapters.migrate.celery", "ojs_adapters.migrate.dramatiq",
+    "ojs_adapters.migrate.bullmq", "ojs_adapters.migrate.temporal",
+    "ojs_adapters.migrate.queue_backoff", "ojs_adapters.cli", "ojs_adapters.cli._io",
+])
+def test_docstring_examples_run(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.failed == 0 and result.attempted > 0

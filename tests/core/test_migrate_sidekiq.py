@@ -1,0 +1,219 @@
+"""Sidekiq to OJS (issue 6): retry true/false/N, dead, retry_for, sidekiq_retry_in, versions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ojs_adapters import OjsValidationError
+from ojs_adapters.migrate import Band, from_sidekiq
+from ojs_adapters.migrate._common import compare
+from ojs_adapters.migrate.sidekiq import sidekiq_band
+from ojs_adapters.policy import RetryPolicy
+
+V8, V7, V6 = (8, 1, 0), (7, 3, 0), (6, 2, 1)
+
+
+def test_default_is_25_retries_26_attempts_then_dead_set() -> None:
+    m = from_sidekiq({}, version="8.1")
+    assert m.policy is not None
+    assert m.policy.max_attempts == 26
+    assert m.policy.on_exhaustion == "dead_letter"
+    assert m.policy.backoff_strategy == "polynomial"
+    assert len(m.fidelity.rows) == 25  # type: ignore[union-attr]
+    assert any("default of 25 retries" in n.text for n in m.notes)
+    assert from_sidekiq({"retry": True}, version="8.1").policy == m.policy
+
+
+def test_retry_zero_goes_to_dead_set_at_once() -> None:
+    m = from_sidekiq({"retry": 0})
+    assert (m.policy.max_attempts, m.policy.on_exhaustion) == (1, "dead_letter")  # type: ignore[union-attr]
+    assert m.fidelity is not None and m.fidelity.rows == ()
+
+
+def test_retry_false_means_no_retry_and_no_dead_set() -> None:
+    for dead in (True, False, None):
+        opts = {"retry": False} if dead is None else {"retry": False, "dead": dead}
+        m = from_sidekiq(opts)
+        assert (m.policy.max_attempts, m.policy.on_exhaustion) == (1, "discard")  # type: ignore[union-attr]
+
+
+def test_retry_zero_and_dead_false_discards() -> None:
+    m = from_sidekiq({"retry": 0, "dead": False})
+    assert (m.policy.max_attempts, m.policy.on_exhaustion) == (1, "discard")  # type: ignore[union-attr]
+
+
+def test_retry_count_and_dead_false() -> None:
+    m = from_sidekiq({"retry": 5, "dead": False}, version="7.3")
+    assert (m.policy.max_attempts, m.policy.on_exhaustion) == (6, "discard")  # type: ignore[union-attr]
+
+
+def test_global_max_retries_sets_the_count_for_retry_true() -> None:
+    assert from_sidekiq({"max_retries": 7}).policy.max_attempts == 8  # type: ignore[union-attr]
+    assert from_sidekiq({":retry": 3}).policy.max_attempts == 4  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("ver", "count", "band"), [
+    (V8, 0, Band(15, 24, 19.5)),           # 8.x: rand(10 * (count + 1))
+    (V8, 2, Band(31, 60, 45.5)),
+    (V7, 2, Band(31, 58, 44.5)),           # 6.2.2..7.x: rand(10) * (count + 1)
+    (V6, 2, Band(31, 118, 74.5)),          # <= 6.2.1: rand(30) * (count + 1)
+    ((6, 2, 2), 2, Band(31, 58, 44.5)),
+])
+def test_sidekiq_delay_formula_per_version(ver: tuple[int, int, int], count: int,
+                                          band: Band) -> None:
+    assert sidekiq_band(count, ver) == band
+
+
+@pytest.mark.parametrize(("version", "worst", "at"), [
+    ("8.1", 3.46, 3), ("7.3", 0.286, 1), ("6.2.1", 3.27, 4),
+])
+def test_fidelity_worst_ratio_of_the_default_schedule(version: str, worst: float,
+                                                      at: int) -> None:
+    m = from_sidekiq({}, version=version)
+    fidelity = m.fidelity
+    assert fidelity is not None and not fidelity.exact
+    assert fidelity.worst_ratio == pytest.approx(worst, rel=0.01)
+    assert fidelity.worst is not None and fidelity.worst.retry == at
+    # The figure is what the rows say: the ratio farthest from 1 by factor.
+    strays = [abs(math.log(r.ratio)) for r in fidelity.rows]
+    assert max(strays) == pytest.approx(abs(math.log(fidelity.worst_ratio)))
+    assert m.to_dict()["fidelity"]["worst_ratio"] == pytest.approx(worst, rel=0.01)
+
+
+def test_the_chosen_polynomial_minimises_the_worst_ratio() -> None:
+    m = from_sidekiq({}, version="8.1")
+    policy = m.policy
+    assert policy is not None
+    old = [sidekiq_band(c, V8) for c in range(25)]
+    best = abs(math.log(m.fidelity.worst_ratio))  # type: ignore[union-attr]
+    for dc in (-0.2, -0.05, 0.05, 0.2):
+        for di in (0.8, 1.0, 1.25):
+            other = RetryPolicy.from_dict({
+                **policy.to_dict(), "backoff_coefficient": policy.backoff_coefficient + dc,
+                "initial_interval": f"PT{policy.initial_interval.total_seconds() * di:.3f}S",
+                "max_interval": "P30D"})
+            assert abs(math.log(compare(old, other).worst_ratio)) >= best - 1e-3
+
+
+def test_max_interval_never_binds_for_sidekiq() -> None:
+    policy = from_sidekiq({"retry": 10}).policy
+    assert policy is not None
+    top = policy.max_interval.total_seconds()
+    assert all(policy.capped_delay(n) * 1.5 <= top for n in range(1, 11))
+
+
+def _window_retries(window: float, ver: tuple[int, int, int]) -> int:
+    elapsed, retries = 0.0, 0
+    for count in range(10_000):
+        if elapsed > window:
+            return retries
+        retries += 1
+        elapsed += sidekiq_band(count, ver).mean
+    return retries
+
+
+def test_retry_for_wins_over_retry_since_8_1() -> None:
+    window = 2 * 86_400
+    expected = _window_retries(window, V8)
+    assert expected == 16
+    m = from_sidekiq({"retry": 3, "retry_for": window}, version="8.1")
+    assert m.policy.max_attempts == expected + 1  # type: ignore[union-attr]
+    assert any(n.field == "retry_for" and n.severity == "approximate" for n in m.notes)
+    assert any("retry_for wins" in n.text for n in m.notes)
+
+
+def test_retry_for_and_retry_both_limit_before_8_1() -> None:
+    assert from_sidekiq({"retry": 3, "retry_for": "2.days"},
+                        version="7.3").policy.max_attempts == 4  # type: ignore[union-attr]
+    assert from_sidekiq({"retry": 25, "retry_for": "2.days"},
+                        version="8.0").policy.max_attempts == 17  # type: ignore[union-attr]
+
+
+def test_retry_for_unknown_before_7_1_3_is_reported() -> None:
+    m = from_sidekiq({"retry": 3, "retry_for": 3600}, version="7.1.2")
+    assert m.policy.max_attempts == 4  # type: ignore[union-attr]
+    assert any(n.field == "retry_for" and n.severity == "lossy" for n in m.notes)
+
+
+def test_retry_for_accepts_iso_and_ruby_durations() -> None:
+    a = from_sidekiq({"retry_for": "PT48H"}).policy
+    b = from_sidekiq({"retry_for": "48.hours"}).policy
+    assert a == b == from_sidekiq({"retry_for": 172_800}).policy
+
+
+def test_retry_in_kill_is_dead_letter_and_discard_is_discard() -> None:
+    kill = from_sidekiq({"sidekiq_retry_in": ":kill"}).policy
+    assert (kill.max_attempts, kill.on_exhaustion) == (1, "dead_letter")  # type: ignore[union-attr]
+    drop = from_sidekiq({"sidekiq_retry_in": "discard"}).policy
+    assert (drop.max_attempts, drop.on_exhaustion) == (1, "discard")  # type: ignore[union-attr]
+    # :kill calls retries_exhausted, which honours dead: false.
+    assert from_sidekiq({"sidekiq_retry_in": ":kill", "dead": False}
+                        ).policy.on_exhaustion == "discard"  # type: ignore[union-attr]
+
+
+def test_retry_in_symbols_are_unknown_before_6_5_2() -> None:
+    m = from_sidekiq({"sidekiq_retry_in": ":kill"}, version="6.4")
+    assert m.policy.max_attempts == 26  # type: ignore[union-attr]
+    assert any(n.severity == "lossy" and n.field == "sidekiq_retry_in" for n in m.notes)
+
+
+def test_retry_in_fixed_seconds_is_a_constant_schedule() -> None:
+    m = from_sidekiq({"retry": 3, "sidekiq_retry_in": 30}, version="6.0")
+    assert m.policy is not None
+    assert m.policy.schedule() == [30.0, 30.0, 30.0]
+    assert m.exact  # Sidekiq 6.0 adds no random term to a custom delay
+    newer = from_sidekiq({"retry": 3, "sidekiq_retry_in": 30}, version="8.1")
+    assert not newer.exact and newer.fidelity.worst_ratio < 1  # type: ignore[union-attr]
+
+
+def test_retry_in_per_error_results() -> None:
+    m = from_sidekiq({"sidekiq_retry_in": {"Net::ReadTimeout": ":kill", "Stale": ":discard",
+                                           "Slow": 60}})
+    assert m.policy is not None
+    assert m.policy.non_retryable_errors == ("Net::ReadTimeout",)  # same end as exhaustion
+    assert m.handler_codes == {"Stale": "DISCARD"}
+    assert any(n.severity == "lossy" and "Slow" in n.text for n in m.notes)
+
+
+def test_dynamic_values_are_reported_not_guessed() -> None:
+    from ojs_adapters.migrate._ruby import Dynamic
+
+    m = from_sidekiq({"retry": Dynamic("MAX_RETRIES")})
+    assert m.policy is None and not m.ok
+    assert [n.severity for n in m.notes if n.field == "retry"] == ["unsupported"]
+
+
+@pytest.mark.parametrize(("opts", "field"), [
+    ({"retry": "often"}, "retry"), ({"dead": "no"}, "dead"), ({"retry_for": "soon"}, "retry_for"),
+    ({"max_retries": -1}, "max_retries"), ({"sidekiq_retry_in": "later"}, "sidekiq_retry_in"),
+])
+def test_bad_values_raise_the_ojs_validation_error(opts: dict[str, object], field: str) -> None:
+    with pytest.raises(OjsValidationError) as info:
+        from_sidekiq(opts)
+    assert info.value.code == "INVALID_RETRY_POLICY"
+    assert info.value.details["field"] == field
+    assert info.value.details["dialect"] == "sidekiq"
+    assert info.value.details["rule"]
+
+
+def test_bad_version_is_rejected() -> None:
+    with pytest.raises(OjsValidationError) as info:
+        from_sidekiq({}, version="latest")
+    assert info.value.details["field"] == "version"
+
+
+@settings(max_examples=40, deadline=None)
+@given(retries=st.integers(min_value=0, max_value=40), dead=st.booleans(),
+       version=st.sampled_from(["6.0", "6.2.2", "7.3", "8.0", "8.1"]))
+def test_count_and_destination_hold_for_any_retry_value(retries: int, dead: bool,
+                                                         version: str) -> None:
+    m = from_sidekiq({"retry": retries, "dead": dead}, version=version)
+    assert m.policy is not None
+    assert m.policy.max_attempts == retries + 1
+    assert m.policy.on_exhaustion == ("dead_letter" if dead else "discard")
+    assert len(m.fidelity.rows) == retries  # type: ignore[union-attr]
+    assert 1 / 6 < m.fidelity.worst_ratio < 6  # type: ignore[union-attr]

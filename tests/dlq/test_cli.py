@@ -1,0 +1,153 @@
+"""``ojs-retry dlq`` through click's CliRunner, on Dramatiq dead letters (issue 7)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import dramatiq
+import pytest
+from click.testing import CliRunner, Result
+
+from dramatiq_ext import MemoryRecordStore, OjsRetries
+from ojs_adapters import JobError
+from ojs_adapters.cli import main
+from tests.dlq.scenario import wait_for
+from tests.dlq.test_dramatiq_dlq import POLICY, quiet
+from tests.dramatiq_ext.harness import Env, make_env, pika_url
+
+#: The broker ``--app tests.dlq.test_cli:BROKER`` names while a test runs.
+BROKER: Any = None
+
+
+class Setup:
+    """Six dead jobs on one queue, a worker running, and the CLI options that reach them."""
+
+    amqp_url: str
+
+    def __init__(self, env: Env, connection: list[str]) -> None:
+        self.env = env
+        self.connection = connection
+        self.healed = threading.Event()
+        self.done: list[int] = []
+
+        def job(n: int) -> None:
+            if not self.healed.is_set():
+                raise JobError("billing.Declined" if n < 2 else "net.Timeout", f"job {n}")
+            self.done.append(n)
+
+        self.actor = dramatiq.actor(broker=env.broker, queue_name=env.queue,
+                                    actor_name=f"cli_{env.queue}", retry_policy=POLICY)(job)
+
+    def run(self, verb: str, *args: str, input: str | None = None) -> Result:
+        return CliRunner().invoke(main, ["dlq", verb, *args, *self.connection], input=input)
+
+    def json(self, verb: str, *args: str) -> Any:
+        result = self.run(verb, *args, "--json")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+
+@pytest.fixture(params=["stub", "redis", "rabbitmq"])
+def setup(request: pytest.FixtureRequest) -> Iterator[Setup]:
+    global BROKER
+    kind = request.param
+    urls: dict[str, str] = {}
+    if kind != "stub":
+        urls["redis_url"] = request.getfixturevalue("redis_url")
+    if kind == "rabbitmq":
+        urls["amqp_url"] = request.getfixturevalue("amqp_url")
+    ojs = OjsRetries(store=MemoryRecordStore()) if kind == "stub" else None
+    with quiet(), make_env(kind, ojs=ojs, **urls) as env:  # type: ignore[arg-type]
+        connection = ["--framework", "dramatiq"]
+        if kind == "redis":
+            connection += ["--broker", urls["redis_url"], "--option", f"namespace={env.namespace}"]
+        else:  # RabbitMQ: the workers' records are in their Results backend, reached by --app
+            BROKER = env.broker
+            connection += ["--app", "tests.dlq.test_cli:BROKER"]
+        made = Setup(env, connection)
+        made.amqp_url = pika_url(urls["amqp_url"]) if kind == "rabbitmq" else ""
+        for n in range(6):
+            made.actor.send(n)
+        env.start()
+        wait_for(lambda: _dead(env) == 6, "six dead letters")
+        yield made
+        BROKER = None
+
+
+def _dead(env: Env) -> int:
+    if env.kind == "stub":
+        return len(env.broker.dead_letters_by_queue[env.queue])
+    if env.kind == "redis":
+        return int(env.redis.zcard(f"{env.namespace}:{env.queue}.XQ"))
+    channel = env.broker.channel
+    return int(channel.queue_declare(f"{env.queue}.XQ", passive=True).method.message_count)
+
+
+@pytest.mark.broker
+def test_dlq_verbs_list_show_replay_delete_prune_purge(setup: Setup) -> None:
+    listed = setup.json("list")
+    assert listed["total"] == 6 and "payload" not in listed["items"][0]
+    ids = [x["id"] for x in listed["items"]]
+    assert setup.json("list", "--error-type", "billing.*")["total"] == 2
+    assert setup.json("list", "--task-type", "nope*")["total"] == 0
+    assert setup.json("list", "--since", "P1D")["total"] == 6
+    assert setup.json("list", "--until", "2020-01-01T00:00:00Z")["total"] == 0
+    second = setup.json("list", "--page", "2", "--per-page", "4")
+    assert [x["id"] for x in second["items"]] == ids[4:] and second["pages"] == 2
+    table = setup.run("list")
+    assert table.exit_code == 0 and "6 dead letters" in table.output and ids[0] in table.output
+
+    shown = setup.json("show", ids[0])
+    assert shown["history"][0]["attempt"] == 1 and shown["payload"]["args"] == [
+        int(shown["history"][0]["message"].split()[-1])]
+    text = setup.run("show", ids[0])
+    assert text.exit_code == 0 and "history:" in text.output and "HANDLER_ERROR" in text.output
+    missing = setup.run("show", "no-such-job")
+    assert missing.exit_code == 1 and "no dead letter" in missing.output
+
+    if setup.amqp_url:  # a bare RabbitMQ URL lists, but cannot replay: no records in reach
+        bare = ["dlq", "list", "--framework", "dramatiq", "--broker", setup.amqp_url, "--queue",
+                setup.env.queue, "--json"]
+        assert json.loads(CliRunner().invoke(main, bare).output)["total"] == 6
+        bare[1] = "replay"
+        refused = CliRunner().invoke(main, [*bare[:2], ids[0], *bare[2:]])
+        assert refused.exit_code == 1 and "needs the workers' job records" in refused.output
+        assert setup.json("list")["total"] == 6  # nothing moved
+
+    usage = setup.run("replay")
+    assert usage.exit_code == 2 and "give job ids, a filter, or --all" in usage.output
+    setup.healed.set()
+    replayed = setup.json("replay", ids[0], ids[1])
+    assert replayed == {"replayed": ids[:2], "skipped": []}
+    assert setup.json("replay", ids[0])["skipped"] == [ids[0]]
+    wait_for(lambda: len(setup.done) == 2, "the two replayed jobs to succeed")
+
+    assert setup.json("delete", ids[2]) == {"deleted": 1}
+    assert setup.run("delete").exit_code == 2
+    assert setup.json("prune", "--max-age", "none", "--max-count", "2") == {"pruned": 1}
+    assert setup.json("prune") == {"pruned": 0}
+    aborted = setup.run("purge", input="n\n")
+    assert aborted.exit_code == 1 and setup.json("list")["total"] == 2
+    assert setup.json("purge", "--yes") == {"purged": 2}
+    assert setup.json("list")["total"] == 0 and _dead(setup.env) == 0
+    assert sorted(setup.done) == sorted(
+        int(x["history"][0]["message"].split()[-1]) for x in listed["items"][:2])
+
+
+def test_dlq_reports_bad_connections_without_a_traceback() -> None:
+    runner = CliRunner()
+    unknown = runner.invoke(main, ["dlq", "list", "--framework", "resque"])
+    assert unknown.exit_code == 1 and "no dead-letter backend for 'resque'" in unknown.output
+    nothing = runner.invoke(main, ["dlq", "list", "--framework", "dramatiq"])
+    assert nothing.exit_code == 1 and "--app module:broker or --broker URL" in nothing.output
+    bad_app = runner.invoke(main, ["dlq", "list", "--framework", "dramatiq", "--app", "json:dumps"])
+    assert bad_app.exit_code == 1 and "not a Dramatiq broker" in bad_app.output
+    scheme = runner.invoke(main, ["dlq", "list", "--framework", "dramatiq", "--broker", "sqs://x"])
+    assert scheme.exit_code == 1 and "unsupported" in scheme.output
+    age = runner.invoke(main, ["dlq", "prune", "--framework", "dramatiq", "--broker", "sqs://x",
+                               "--max-age", "P1M"])
+    assert age.exit_code == 1 and "Traceback" not in age.output
+    assert "dlq" in runner.invoke(main, ["--help"]).output

@@ -1,0 +1,183 @@
+"""Dead-letter management for Dramatiq on a real worker: StubBroker, Redis, RabbitMQ (issue 7)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import dramatiq
+import pytest
+
+from dramatiq_ext import MemoryRecordStore, OjsRetries
+from dramatiq_ext.dlq import JobRecords, dead_letter_queue
+from ojs_adapters import JobError
+from ojs_adapters.dlq import DeadLetterFilter, DeadLetters
+from tests.dlq.scenario import Harness, run_batch_scenario, wait_for
+from tests.dramatiq_ext.harness import Env, make_env
+
+BROKERS = ["stub", "redis", "rabbitmq"]
+#: Every job runs once and, failing, goes straight to the dead-letter queue.
+POLICY: dict[str, Any] = {"max_attempts": 1, "on_exhaustion": "dead_letter"}
+
+
+@dataclass
+class Jobs:
+    """Two actors on two queues that fail until healed, counting their successes."""
+
+    env: Env
+    healed: threading.Event = field(default_factory=threading.Event)
+    done: list[int] = field(default_factory=list)
+    connection: Any = None
+
+    def __post_init__(self) -> None:
+        self.queues = (self.env.queue, f"{self.env.queue}_b")
+        self.actors = [self._actor(name, queue) for name, queue in
+                       zip(("charge", "email"), self.queues, strict=True)]
+
+    def _actor(self, name: str, queue: str) -> Any:
+        def job(n: int) -> None:
+            if not self.healed.is_set():
+                raise JobError("billing.Declined" if n % 3 == 0 else "net.Timeout", f"job {n}")
+            self.done.append(n)
+
+        return dramatiq.actor(broker=self.env.broker, queue_name=queue,
+                              actor_name=f"{name}_{self.env.queue}", retry_policy=POLICY)(job)
+
+    def send(self, numbers: range) -> None:
+        for n in numbers:
+            self.actors[n % 2].send(n)
+
+    def count(self, suffixes: tuple[str, ...]) -> int:
+        names = [q + s for q in self.queues for s in suffixes]
+        broker = self.env.broker
+        if self.env.kind == "stub":
+            if suffixes == (".XQ",):
+                return sum(len(broker.dead_letters_by_queue[q]) for q in self.queues)
+            return sum(broker.queues[n].qsize() for n in names if n in broker.queues)
+        if self.env.kind == "redis":
+            ns = self.env.namespace
+            if suffixes == (".XQ",):
+                return sum(self.env.redis.zcard(f"{ns}:{n}") for n in names)
+            return sum(self.env.redis.hlen(f"{ns}:{n}.msgs") for n in names)
+        return sum(self._ready(n) for n in names)
+
+    def _ready(self, name: str) -> int:
+        """Messages ready in RabbitMQ queue ``name``; 0 if the worker has not declared it yet."""
+        import pika
+        from pika.exceptions import ChannelClosedByBroker
+
+        if self.connection is None:
+            self.connection = pika.BlockingConnection(self.env.broker.parameters)
+        channel = self.connection.channel()
+        try:
+            return int(channel.queue_declare(name, passive=True).method.message_count)
+        except ChannelClosedByBroker as exc:  # a 404 closes the channel, not the connection
+            if exc.reply_code != 404:
+                raise
+            return 0
+        finally:
+            if channel.is_open:
+                channel.close()
+
+    def harness(self) -> Harness:
+        return Harness(
+            queues=self.queues, task_types=(self.actors[0].actor_name, self.actors[1].actor_name),
+            send=self.send, heal=self.healed.set, successes=lambda: list(self.done),
+            live_count=lambda: self.count(("", ".DQ")), dead_count=lambda: self.count((".XQ",)),
+            open=lambda: dead_letter_queue(self.env.broker), record=self.env.record)
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Silence the 500 expected failure tracebacks (formatting them costs seconds)."""
+    loggers = [logging.getLogger(n) for n in ("dramatiq", "dramatiq_ext", "ojs_adapters")]
+    levels = [x.level for x in loggers]
+    for x in loggers:
+        x.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for x, level in zip(loggers, levels, strict=True):
+            x.setLevel(level)
+
+
+@pytest.fixture(params=BROKERS)
+def jobs(request: pytest.FixtureRequest) -> Iterator[Jobs]:
+    kind = request.param
+    urls: dict[str, str] = {}
+    if kind != "stub":
+        urls["redis_url"] = request.getfixturevalue("redis_url")
+    if kind == "rabbitmq":
+        urls["amqp_url"] = request.getfixturevalue("amqp_url")
+    # An explicit store: the default memory store is created lazily per worker thread.
+    ojs = OjsRetries(store=MemoryRecordStore()) if kind == "stub" else None
+    with quiet(), make_env(kind, ojs=ojs, **urls) as env:  # type: ignore[arg-type]
+        made = Jobs(env)
+        try:
+            yield made
+        finally:
+            if made.connection is not None:
+                made.connection.close()
+            if kind == "rabbitmq":
+                for worker in env.workers:
+                    worker.stop(timeout=5000)
+                env.workers.clear()
+                for suffix in ("", ".DQ", ".XQ"):
+                    env.broker.channel.queue_delete(made.queues[1] + suffix)
+
+
+@pytest.mark.broker
+def test_dead_letter_500_list_replay_250_delete_prune_purge(jobs: Jobs) -> None:
+    """Issue 7, "Done when": the whole dead-letter life cycle on a real worker."""
+    jobs.env.start(threads=4)
+    dlq = dead_letter_queue(jobs.env.broker)
+    try:
+        run_batch_scenario(jobs.harness(), dlq)
+    finally:
+        dlq.close()
+
+
+@pytest.mark.broker
+def test_replay_interrupted_mid_batch_loses_and_doubles_nothing(
+        jobs: Jobs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay that dies half-way leaves each job dead or queued once; a rerun finishes it."""
+    jobs.env.start(threads=2)
+    jobs.send(range(0, 40, 2))  # 20 jobs, all on the first queue
+    wait_for(lambda: jobs.count((".XQ",)) == 20, "20 dead letters")
+    for worker in jobs.env.workers:
+        worker.stop(timeout=5000)
+    jobs.env.workers.clear()
+
+    monkeypatch.setattr("ojs_adapters.dlq._queue.REPLAY_BATCH", 5)
+    real_mark, calls = JobRecords.mark, []
+
+    def crash_on_eighth(self: JobRecords, *args: Any) -> None:
+        calls.append(1)
+        if len(calls) == 8:
+            raise KeyboardInterrupt("operator pressed Ctrl-C")
+        real_mark(self, *args)
+
+    monkeypatch.setattr(JobRecords, "mark", crash_on_eighth)
+    dlq: DeadLetters = dead_letter_queue(jobs.env.broker)
+    with pytest.raises(KeyboardInterrupt):
+        dlq.replay(DeadLetterFilter(queue=jobs.queues[0]))
+    dlq.close()
+    live, dead = jobs.count(("", ".DQ")), jobs.count((".XQ",))
+    assert live + dead == 20
+    # whole batches on Redis (one script) and RabbitMQ (one transaction); one by one in memory
+    assert live == (7 if jobs.env.kind == "stub" else 5)
+
+    monkeypatch.setattr(JobRecords, "mark", real_mark)
+    dlq = dead_letter_queue(jobs.env.broker)
+    report = dlq.replay(DeadLetterFilter(queue=jobs.queues[0]))
+    dlq.close()
+    assert len(report.replayed) == 20 - live
+    jobs.healed.set()
+    jobs.env.start(threads=2)
+    wait_for(lambda: len(jobs.done) >= 20, "every job to run again")
+    wait_for(lambda: jobs.count(("", ".DQ")) == 0, "the queue to drain")
+    assert sorted(jobs.done) == list(range(0, 40, 2)) and jobs.count((".XQ",)) == 0
