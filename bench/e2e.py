@@ -1,0 +1,84 @@
+"""End-to-end throughput, native against OJS, on the same broker in the same run.
+
+A *batch* queues ``jobs`` jobs of one mix for one variant with no worker
+running, then starts the worker and times from the first attempt's start to
+the end of the last job (``Journal.busy_seconds``): worker throughput, without
+the producer competing for the GIL. For the exhausted mix the batch then checks
+that every job reached the dead-letter queue, and empties it.
+
+Rounds alternate the order (native then OJS, then OJS then native, ...) so
+drift in the machine's load falls on both sides; each figure is the median over
+rounds, and the ratio is OJS / native of the medians. Beside jobs/s each batch
+notes this process's CPU time per job (``time.process_time``, workers
+included): steadier than wall time when other work shares the machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from bench.workload import E2E_DELAY, MIXES, VARIANTS, Mix, Side, Variant
+
+#: Ratio targets per mix (figures to compare with, not tests).
+TARGETS = {"success": 0.98, "fail once": 0.95, "exhausted + DLQ": 0.95}
+
+
+def batch(side: Side, variant: Variant, mix: Mix, jobs: int) -> tuple[float, float]:
+    """Run one batch; return jobs per second and this process's CPU microseconds per job."""
+    side.journal.expect(jobs)
+    for i in range(jobs):
+        side.send(variant, E2E_DELAY, f"{variant}-{i}", mix.fail_times)
+    cpu = time.process_time()
+    side.start((variant,))
+    try:
+        side.journal.wait(timeout=60 + jobs * mix.attempts / 10)
+        cpu = time.process_time() - cpu
+        rate = jobs / side.journal.busy_seconds()
+        if mix.dead_letters:
+            _wait_dead_letters(side, variant, jobs)
+    finally:
+        side.stop()
+    return rate, cpu / jobs * 1e6
+
+
+def _wait_dead_letters(side: Side, variant: Variant, jobs: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while (found := side.dead_letters(variant)) < jobs:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{side.framework} {variant}: {found} of {jobs} dead letters")
+        time.sleep(0.05)
+    side.purge_dead_letters(variant)
+
+
+def run(side: Side, *, jobs: int, rounds: int, warmup: int = 30) -> list[dict[str, Any]]:
+    """Every mix, ``rounds`` alternating rounds; one row per mix."""
+    for variant in VARIANTS:  # connections, imports and caches, outside the figures
+        batch(side, variant, MIXES[1], min(warmup, jobs))
+    rates: dict[tuple[str, Variant], list[float]] = {}
+    cpus: dict[tuple[str, Variant], list[float]] = {}
+    for round_no in range(rounds):
+        order = VARIANTS if round_no % 2 == 0 else VARIANTS[::-1]
+        for mix in MIXES:
+            for variant in order:
+                rate, cpu = batch(side, variant, mix, jobs)
+                rates.setdefault((mix.name, variant), []).append(rate)
+                cpus.setdefault((mix.name, variant), []).append(cpu)
+    rows = []
+    for mix in MIXES:
+        native = statistics.median(rates[mix.name, "native"])
+        ojs = statistics.median(rates[mix.name, "ojs"])
+        ratio = ojs / native
+        cpu_native = statistics.median(cpus[mix.name, "native"])
+        cpu_ojs = statistics.median(cpus[mix.name, "ojs"])
+        rows.append({
+            "framework": side.framework, "broker": side.broker, "mix": mix.name,
+            "jobs": jobs, "rounds": rounds, "native_jobs_s": round(native, 1),
+            "ojs_jobs_s": round(ojs, 1), "ratio": round(ratio, 3),
+            "target": TARGETS[mix.name], "met": ratio >= TARGETS[mix.name],
+            "native_cpu_us_per_job": round(cpu_native), "ojs_cpu_us_per_job": round(cpu_ojs),
+            "native_rounds": [round(r, 1) for r in rates[mix.name, "native"]],
+            "ojs_rounds": [round(r, 1) for r in rates[mix.name, "ojs"]],
+        })
+    return rows
