@@ -19,3 +19,18 @@ def amqp_url() -> str:
     """URL of the real RabbitMQ; skips (fails on CI) when RabbitMQ is down."""
     require("RabbitMQ", "127.0.0.1", 5672)
     return AMQP_URL
+
+
+@pytest.fixture(autouse=True)
+def _celery_worker_state_reset() -> None:
+    """Start each test with Celery's process-wide shutdown flag clear.
+
+    ``celery.contrib.testing.worker`` leaves ``should_terminate = 0`` when a worker
+    thread fails to stop in time; every in-process worker started after that would
+    stop at once, and one failure would turn into a cascade of hangs.
+    """
+    import sys
+
+    state = sys.modules.get("celery.worker.state")
+    if state is not None and getattr(state, "should_terminate", None) is not None:
+        state.should_terminate = None  # type: ignore[attr-defined]

@@ -52,9 +52,15 @@ def _broker(name: str) -> Broker:
     return Broker("amqp", AMQP_URL, REDIS_URL)  # the record needs a storing backend
 
 
-@pytest.fixture(scope="session", params=["memory", "redis", "amqp"])
+@pytest.fixture(scope="package", params=["memory", "redis", "amqp"])
 def env(request: pytest.FixtureRequest) -> Iterator[Env]:
-    """A session worker on the broker named by the parameter."""
+    """A worker on the broker named by the parameter, shared by this package's tests.
+
+    Package scope, not session: the last one would otherwise outlive this package
+    and run beside other modules' in-process workers, which share Celery's global
+    worker state (``should_terminate``) and kombu's event loop; one stopping could
+    stop the other.
+    """
     broker = _broker(request.param)
     app = broker.make_app(f"ojs-tests-{broker.name}")
     tasks = register_tasks(app)

@@ -52,18 +52,27 @@ class Harness:
     record_keeps_replay: bool = True
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0,
+             status: Callable[[], object] | None = None) -> None:
+    """Poll ``check`` until true; on timeout, fail with ``status()`` to show where it stood."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            seen = f" (seen: {status()})" if status is not None else ""
+            raise AssertionError(f"timed out waiting for {what}{seen}")
         time.sleep(0.05)
+
+
+def counts(h: Harness) -> str:
+    """Where the jobs are, read off the broker: for a failure message."""
+    return f"live={h.live_count()} dead={h.dead_count()} ok={len(h.successes())}"
 
 
 def run_batch_scenario(h: Harness, dlq: DeadLetterQueue) -> None:
     qa, qb = h.queues
     h.send(range(BATCH))
-    wait_for(lambda: h.dead_count() == BATCH, f"{BATCH} dead letters", timeout=25)
+    wait_for(lambda: h.dead_count() == BATCH, f"{BATCH} dead letters", timeout=60,
+             status=lambda: counts(h))
 
     # list, filter, page, show
     everything = dlq.list(per_page=BATCH)
