@@ -32,6 +32,12 @@ the ``Decision``; it makes no choice of its own.
   (``RecordStore.claim``); a copy that lost the claim, or whose attempt the record
   shows finished and handed off, is dropped (``Ignore``); a redelivered original
   whose retry is not marked as handed off publishes it again.
+- **Extensions** (issue 10): the job's idempotency key (``ojs`` header, else the
+  task id) goes into the record and every retry's header, and ``self.ojs`` shows
+  it to the body; a task naming a ``retry_budget`` counts each attempt that runs
+  as an execution of that dependency and lets the budget veto a retry (R-7);
+  ``first_attempt_at`` and the previous countdown feed ``max_duration`` and
+  decorrelated jitter.
 - Each decision carried out is reported once to the core's hooks
   (``ojs_adapters.emit``: the decision log, metrics); a resent retry or a
   redone dead letter is the same decision and is not reported again.
@@ -51,6 +57,7 @@ from billiard.exceptions import WorkerLostError
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
 
+from celery_ext._budgets import budget_of
 from celery_ext._handoff import (
     TOKEN_HEADER,
     confirming_connection,
@@ -67,6 +74,7 @@ from ojs_adapters import (
     Decision,
     DecisionEvent,
     Failure,
+    JobContext,
     JobRecord,
     OjsValidationError,
     RetryPolicy,
@@ -84,6 +92,8 @@ logger = logging.getLogger("celery_ext")
 JITTER_SETTING = "ojs_jitter_source"
 #: Header naming the catalog code of the last failure (ojs-errors.md ERR-008).
 ERROR_CODE_HEADER = "x-ojs-error-code"
+#: Attribute of the task request holding the running attempt's ``JobContext``.
+CONTEXT_ATTRIBUTE = "ojs_context"
 
 
 class RetryRequested(Exception):
@@ -103,6 +113,7 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     previous = run.check_redelivery()
     run.wait_for_countdown()
     run.save(run.base.started(run.state.attempt))
+    run.start()
     try:
         result = task.run(*args, **kwargs)
     except (Ignore, Reject):
@@ -132,16 +143,30 @@ class _Run:
         self.nonce = new_token()  # this delivery
         self.queue = queue_of(task.app, self.request.delivery_info)
         self.first_attempt_at = self.state.first_attempt_at or time.time()
+        # A message sent without OjsTask.apply_async (send_task) has no key: the task id,
+        # which its retries and replays keep, serves as one.
+        self.key = self.state.idempotency_key or str(self.request.id)
+        self.dependency: str | None = getattr(type(task), "retry_budget", None)
         self.base = JobRecord(
             id=self.request.id, type=task.name, queue=self.queue,
             max_attempts=self.policy.max_attempts, errors=self.state.errors,
             extra={"countdowns": list(self.state.countdowns),
                    "jitter_samples": list(self.state.jitter_samples),
                    "retry_policy": self.policy.to_dict(),
+                   "idempotency_key": self.key,
                    **replay_info(self.request.headers)},  # a replayed dead letter's count
         )
 
     # -- before the body ------------------------------------------------------------
+
+    def start(self) -> None:
+        """The attempt runs: show its context to the body, count it against its budget."""
+        setattr(self.request, CONTEXT_ATTRIBUTE, JobContext(
+            job_id=str(self.request.id), attempt=self.state.attempt, idempotency_key=self.key,
+            errors=self.state.errors,
+            replay_count=int(self.base.extra.get("replay_count") or 0)))
+        if self.dependency is not None:
+            budget_of(self.task.app, self.dependency).record_execution()
 
     def check_redelivery(self) -> JobRecord | None:
         """Act on a delivery that repeats an attempt the record already knows about.
@@ -199,10 +224,11 @@ class _Run:
     def fail(self, error: BaseException | Failure, exc: BaseException | None) -> NoReturn:
         """Decide on failed attempt ``state.attempt`` and carry the decision out."""
         sample = _jitter_sample(self.task) if self.policy.jitter else None
+        budget = budget_of(self.task.app, self.dependency) if self.dependency else None
         decision = decide(
             self.policy, self.state.attempt, error, jitter_sample=sample,
             previous_delay=self.state.countdowns[-1] if self.state.countdowns else None,
-            first_attempt_at=self.first_attempt_at)
+            first_attempt_at=self.first_attempt_at, budget=budget)
         if decision.action == "retry":
             delay = float(decision.delay or 0.0)
             record = self.base.failed(decision.entry, action="retry", delay=delay)
@@ -225,7 +251,8 @@ class _Run:
         """Hand the decision to the instrumentation hooks, once (a resend does not report)."""
         emit(DecisionEvent(framework="celery", job_id=self.request.id, task=self.task.name,
                            queue=self.queue, max_attempts=self.policy.max_attempts,
-                           decision=decision))
+                           decision=decision, idempotency_key=self.key,
+                           dependency=self.dependency))
 
     def resend_retry(self, record: JobRecord) -> NoReturn:
         """Send again the retry a record describes (its first send may have failed)."""
@@ -240,7 +267,7 @@ class _Run:
             self.state, attempt=record.attempt + 1, errors=record.errors,
             countdowns=tuple(record.extra["countdowns"]),
             jitter_samples=tuple(record.extra["jitter_samples"]), not_before=not_before,
-            first_attempt_at=self.first_attempt_at)
+            first_attempt_at=self.first_attempt_at, idempotency_key=self.key)
         last = record.errors[-1]
         headers = merged(self.request.headers, **{HEADER: header.encode()},
                          **error_headers(last, record.attempt + 1))
@@ -311,6 +338,15 @@ class _Run:
         except Exception:
             logger.warning("%s[%s]: cannot remove the job record", self.task.name,
                            self.request.id, exc_info=True)
+
+
+def job_context(request: Any) -> JobContext:
+    """The ``JobContext`` of a request, read from its headers (outside ``run_attempt``)."""
+    state = HeaderState.from_headers(request.headers)
+    replays = replay_info(request.headers).get("replay_count") or 0
+    return JobContext(job_id=str(request.id), attempt=state.attempt,
+                      idempotency_key=state.idempotency_key or str(request.id),
+                      errors=state.errors, replay_count=int(replays))
 
 
 def _header_policy(task: Any, state: HeaderState) -> RetryPolicy:

@@ -22,6 +22,8 @@ Hostile or malformed input (``from_headers`` never raises) is handled per field:
   ``MAX_DECODED_ENTRIES`` newest, and the whole field dropped if any item is
   not a finite number >= 0 (a sample: in [0, 1) or null);
 - ``not_before`` and ``first_attempt_at``: dropped unless a finite number;
+- ``idempotency_key``: dropped unless a string of 1..64 characters (the worker
+  then uses the task id, which is as stable);
 - ``policy``: dropped unless a JSON object (the task's policy then applies, and
   ``_attempt`` also falls back to it when the override fails validation);
 - any other key: ignored.
@@ -49,6 +51,7 @@ from typing import Any
 from ojs_adapters import MIN_HISTORY, ErrorEntry
 from ojs_adapters.failure import Failure
 from ojs_adapters.history import MAX_DECODED_ENTRIES, decode_entries, read_attempt, short_repr
+from ojs_adapters.keys import read_idempotency_key
 
 #: Name of the message header that carries the OJS state.
 HEADER = "ojs"
@@ -64,7 +67,8 @@ class HeaderState:
     ``policy`` is the full effective policy when the caller overrode it
     (``apply_async(retry_policy=...)``); ``not_before`` is the POSIX time
     before which this attempt must not start (RET-11); ``first_attempt_at``
-    when attempt 1 started (for the ``max_duration`` extension). ``invalid`` and
+    when attempt 1 started (for the ``max_duration`` extension);
+    ``idempotency_key`` the job's key (R-6), set at first send. ``invalid`` and
     ``ignored`` say what ``from_headers`` refused (see the module docstring); neither
     is encoded.
     """
@@ -76,6 +80,7 @@ class HeaderState:
     policy: Mapping[str, Any] | None = None
     not_before: float | None = None
     first_attempt_at: float | None = None
+    idempotency_key: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     invalid: Failure | None = field(default=None, compare=False)
     ignored: tuple[str, ...] = field(default=(), compare=False)
@@ -100,6 +105,10 @@ class HeaderState:
                                data.get("attempt"))
         countdowns = _numbers(data, "countdowns", ignored, unit=False)
         samples = _numbers(data, "jitter_samples", ignored, unit=True)
+        key = data.get("idempotency_key")
+        if key is not None and read_idempotency_key(key) is None:
+            ignored.append("idempotency_key")
+            key = None
         policy = data.get("policy")
         if policy is not None and not isinstance(policy, Mapping):
             ignored.append("policy")
@@ -112,6 +121,7 @@ class HeaderState:
             policy=policy,
             not_before=_moment(data, "not_before", ignored),
             first_attempt_at=_moment(data, "first_attempt_at", ignored),
+            idempotency_key=key,
             invalid=invalid,
             ignored=tuple(ignored),
         )
@@ -126,7 +136,7 @@ class HeaderState:
         }
         if self.policy is not None:
             out["policy"] = dict(self.policy)
-        for name in ("not_before", "first_attempt_at"):
+        for name in ("not_before", "first_attempt_at", "idempotency_key"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         out.update(self.extra)

@@ -136,8 +136,9 @@ def replay_headers(headers: Mapping[str, Any], mark: ReplayMark) -> dict[str, An
     raw = headers.get(DEAD_LETTER_HEADER)
     record = JobRecord.from_dict(json.loads(raw)) if raw else None
     state = HeaderState.from_headers(headers)
+    key = state.idempotency_key or (record.extra.get("idempotency_key") if record else None)
     fresh = HeaderState(attempt=1, errors=record.errors if record else state.errors,
-                        policy=state.policy)
+                        policy=state.policy, idempotency_key=key)  # the same key
     out = {k: v for k, v in headers.items() if k not in _DROPPED_HEADERS}
     out.update({HEADER: fresh.encode(), REPLAY_HEADER: json.dumps(mark.to_dict()),
                 "retries": 0, "eta": None})

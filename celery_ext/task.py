@@ -39,11 +39,18 @@ from typing import Any, ClassVar
 
 from celery import Task
 
-from celery_ext._attempt import RetryRequested, run_attempt
+from celery_ext._attempt import CONTEXT_ATTRIBUTE, RetryRequested, job_context, run_attempt
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._policy import reject_celery_retry_options, task_policy
 from celery_ext.exceptions import JobDiscarded
-from ojs_adapters import OjsValidationError, RetryPolicy
+from ojs_adapters import (
+    JobContext,
+    OjsValidationError,
+    RetryPolicy,
+    check_idempotency_key,
+    new_idempotency_key,
+)
+from ojs_adapters.budget import check_dependency
 
 #: Keys of Celery's publish retry policy, which is not an OJS policy.
 _PUBLISH_RETRY_KEYS = frozenset({"max_retries", "interval_start", "interval_step",
@@ -64,6 +71,14 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
       names the job (a per-job sample, as the conformance suite needs).
     - ``dead_letter_queue``: template of the dead-letter queue name
       (default ``app.conf.ojs_dead_letter_queue``, then ``{queue}.dead_letter``).
+    - ``retry_budget``: the dependency whose retry budget this task's retries
+      draw on (R-7; ``celery_ext.budgets``), e.g. ``"payments-api"``.
+
+    Inside the body (``bind=True``), ``self.ojs`` is the running attempt's
+    ``JobContext``: ``attempt``, ``errors`` and the job's ``idempotency_key``
+    (R-6), a UUID v4 set when the job is first sent (or the caller's own,
+    ``apply_async(..., idempotency_key="...")``), the same on every retry and
+    dead-letter replay.
 
     >>> from celery import Celery
     >>> app = Celery("demo", broker="memory://")
@@ -77,6 +92,7 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
     retry_policy: ClassVar[Mapping[str, Any] | None] = None
     jitter_source: ClassVar[Callable[[], float] | None] = None
     dead_letter_queue: ClassVar[str | None] = None
+    retry_budget: ClassVar[str | None] = None
 
     acks_late = True
     reject_on_worker_lost = True
@@ -89,6 +105,8 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
         """Validate the class's policy and options as the task is defined (RET-16)."""
         super().__init_subclass__(**kwargs)
         reject_celery_retry_options(cls.__dict__)
+        if cls.retry_budget is not None:
+            check_dependency(cls.retry_budget)
         app = cls.__dict__.get("app")  # set by @app.task when it builds the class
         if hasattr(app, "conf"):
             task_policy(cls.retry_policy, app)
@@ -109,11 +127,12 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
                     producer: Any = None, link: Any = None, link_error: Any = None,
                     shadow: Any = None, *, retry_policy: Mapping[str, Any] | None = None,
                     publish_retry_policy: Mapping[str, Any] | None = None,
-                    **options: Any) -> Any:
+                    idempotency_key: str | None = None, **options: Any) -> Any:
         """Send the task; ``retry_policy`` overrides the OJS policy for this call only.
 
         The override is validated here, in the caller (RET-16), and travels in
-        the ``ojs`` header as the full effective policy.
+        the ``ojs`` header as the full effective policy, with the job's
+        ``idempotency_key`` (the caller's, else a new UUID v4; a retry keeps its own).
         """
         if isinstance(retry_policy, Mapping) and retry_policy and \
                 set(retry_policy) <= _PUBLISH_RETRY_KEYS:
@@ -122,15 +141,32 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
                 "retry settings as publish_retry_policy=...",
                 code="INVALID_RETRY_POLICY", details={"field": "retry_policy"})
         policy = self.policy(retry_policy)  # validates the task and app layers too
-        if retry_policy is not None:
-            headers = dict(options.get("headers") or {})
-            state = HeaderState.from_headers(headers)
-            headers[HEADER] = replace(state, policy=policy.to_dict()).encode()
-            options["headers"] = headers
+        headers = dict(options.get("headers") or {})
+        state = HeaderState.from_headers(headers)
+        if state.invalid is None:  # never rewrite a header the worker must refuse
+            sent = state
+            if retry_policy is not None:
+                sent = replace(sent, policy=policy.to_dict())
+            if idempotency_key is not None:
+                sent = replace(sent, idempotency_key=check_idempotency_key(idempotency_key))
+            elif sent.idempotency_key is None:
+                sent = replace(sent, idempotency_key=new_idempotency_key())
+            if sent is not state:
+                headers[HEADER] = sent.encode()
+                options["headers"] = headers
         if publish_retry_policy is not None:
             options["retry_policy"] = publish_retry_policy
         return super().apply_async(args, kwargs, task_id, producer, link, link_error,
                                    shadow, **options)
+
+    @property
+    def ojs(self) -> JobContext:
+        """The running attempt: job id, attempt, history and idempotency key (R-6)."""
+        request = self.request
+        context = getattr(request, CONTEXT_ATTRIBUTE, None)
+        if isinstance(context, JobContext) and context.job_id == request.id:
+            return context
+        return job_context(request)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request

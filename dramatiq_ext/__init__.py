@@ -15,7 +15,8 @@ messages a ``retry_policy``, and read each message's job record by id:
 True
 """
 
-from dramatiq_ext._options import POLICY_OPTION, InvalidRetryPolicy
+from dramatiq_ext._context import current_job
+from dramatiq_ext._options import BUDGET_OPTION, KEY_OPTION, POLICY_OPTION, InvalidRetryPolicy
 from dramatiq_ext._state import STATE_OPTION
 from dramatiq_ext.middleware import ACTOR_OPTIONS, DeadLettered, JitterSource, OjsRetries
 from dramatiq_ext.records import get_job_record
@@ -23,6 +24,8 @@ from dramatiq_ext.stores import MemoryRecordStore, RecordStore, RedisRecordStore
 
 __all__ = [
     "ACTOR_OPTIONS",
+    "BUDGET_OPTION",
+    "KEY_OPTION",
     "POLICY_OPTION",
     "STATE_OPTION",
     "DeadLettered",
@@ -32,5 +35,6 @@ __all__ = [
     "OjsRetries",
     "RecordStore",
     "RedisRecordStore",
+    "current_job",
     "get_job_record",
 ]

@@ -33,10 +33,16 @@ from typing import Any
 from dramatiq.middleware import MiddlewareError
 
 from ojs_adapters import OjsValidationError, RetryPolicy, error_type_of
+from ojs_adapters.budget import check_dependency
 from ojs_adapters.durations import format_duration
+from ojs_adapters.keys import check_idempotency_key, new_idempotency_key
 
 #: The actor and message option that carries an OJS retry policy.
 POLICY_OPTION = "retry_policy"
+#: The actor option naming the dependency whose retry budget its retries use (R-7).
+BUDGET_OPTION = "retry_budget"
+#: The message option holding the job's idempotency key (R-6).
+KEY_OPTION = "idempotency_key"
 #: Dramatiq ``Retries`` actor options translated into the actor's policy.
 TRANSLATED_OPTIONS = frozenset({"max_retries", "min_backoff", "max_backoff", "throws"})
 #: Dramatiq ``Retries`` options with no OJS meaning, and what to use instead.
@@ -90,6 +96,29 @@ def actor_policy(options: Mapping[str, Any], default: RetryPolicy, *, actor: str
     own: Mapping[str, Any] = given or {}
     merged = {**own, **_translate(options, own, actor=actor)}
     return policy_option(merged or None, base=default, where=f"actor {actor!r}")
+
+
+def check_budget_option(options: Mapping[str, Any], *, actor: str) -> str | None:
+    """The actor's ``retry_budget`` dependency name, validated (``None`` when not set)."""
+    value = options.get(BUDGET_OPTION)
+    if value is None:
+        return None
+    try:
+        return check_dependency(value)
+    except OjsValidationError as exc:
+        raise _invalid(exc, f"actor {actor!r}") from None
+
+
+def ensure_idempotency_key(options: dict[str, Any], *, actor: str) -> None:
+    """Give a message its idempotency key: the sender's own, validated, or a new UUID v4."""
+    value = options.get(KEY_OPTION)
+    if value is None:
+        options[KEY_OPTION] = new_idempotency_key()
+        return
+    try:
+        check_idempotency_key(value)
+    except OjsValidationError as exc:
+        raise _invalid(exc, f"message for {actor!r}") from None
 
 
 def check_message_options(options: dict[str, Any], *, actor: str) -> None:

@@ -19,6 +19,8 @@ Hostile or malformed input (``MessageState.of`` never raises) is handled per fie
 - ``errors``: the ``MAX_DECODED_ENTRIES`` (1,000) newest items only, items that
   are not readable entries dropped, strings cut (``history.decode_entries``);
   ``history_limit`` then trims on the next failure;
+- ``first_attempt_at`` (POSIX seconds, for ``max_duration``) and ``previous_delay``
+  (seconds, for decorrelated jitter): dropped unless a finite number >= 0;
 - ``dead_letter``: only ``true`` counts; ``replay_count``: only an int > 0;
   ``last_replayed_at``: only a string, cut to 64 characters; any other key: ignored.
 
@@ -68,6 +70,8 @@ class MessageState(NamedTuple):
     replay_count: int = 0
     last_replayed_at: str | None = None
     invalid: Failure | None = None
+    first_attempt_at: float | None = None
+    previous_delay: float | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> MessageState:
@@ -86,7 +90,8 @@ class MessageState(NamedTuple):
         replayed_at = raw.get("last_replayed_at")
         return cls(attempt or 1, errors, raw.get("dead_letter") is True, replays,
                    bound_message(replayed_at, 64) if isinstance(replayed_at, str) else None,
-                   invalid)
+                   invalid, _seconds(raw.get("first_attempt_at")),
+                   _seconds(raw.get("previous_delay")))
 
     def after(self, entry: ErrorEntry, *, keep: int) -> MessageState:
         """The state with ``entry`` appended (newest ``keep`` kept)."""
@@ -101,7 +106,18 @@ class MessageState(NamedTuple):
         if self.replay_count:
             out["replay_count"] = self.replay_count
             out["last_replayed_at"] = self.last_replayed_at
+        if self.first_attempt_at is not None:
+            out["first_attempt_at"] = self.first_attempt_at
+        if self.previous_delay is not None:
+            out["previous_delay"] = self.previous_delay
         return out
+
+
+def _seconds(value: Any) -> float | None:
+    """``value`` as float seconds if it is a finite number >= 0 (not a bool), else ``None``."""
+    if type(value) in (int, float) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
 
 
 def _invalid(name: str, rule: str, value: Any) -> Failure:

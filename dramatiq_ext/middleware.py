@@ -25,6 +25,14 @@ executes the ``Decision``; it never reasons about the policy itself.
   To run a dead message again, enqueue a copy without ``options["ojs"]["dead_letter"]``.
 - **Discard / fail** end the job: the message is acked, nothing is dead-lettered.
 - **Time limits** (``TimeLimitExceeded``) are ``HANDLER_TIMEOUT`` failures.
+- **Extensions** (issue 10). Every message gets an ``idempotency_key`` option as it is
+  first sent (the sender's own, validated, or a UUID v4; R-6), kept by its retries,
+  its dead letter and a replay, stored in the record and shown to the actor by
+  ``dramatiq_ext.current_job()``. ``options["ojs"]`` carries ``first_attempt_at`` and
+  the previous delay, for ``max_duration`` and decorrelated jitter. An actor naming a
+  ``retry_budget`` counts each attempt that runs as an execution of that dependency,
+  and the budget may veto its retries (R-7): ``retry_budgets`` (a ``RetryBudgets``),
+  by default shared through the broker's Redis on a ``RedisBroker``, else per process.
 - **Worker crashes.** The job record is written ``active`` as an attempt starts. A
   delivery whose attempt the record already shows ``active`` is one whose worker
   died (RabbitMQ redelivery, or the Redis broker re-pushing a dead worker's unacked
@@ -92,14 +100,19 @@ from dramatiq.errors import BrokerConnectionError, Retry
 from dramatiq.middleware import Middleware, MiddlewareError, Retries, SkipMessage
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
+from dramatiq_ext._context import clear_current_job, set_current_job
 from dramatiq_ext._handoff import TOKEN_OPTION, Publisher
 from dramatiq_ext._options import (
+    BUDGET_OPTION,
+    KEY_OPTION,
     POLICY_OPTION,
     REJECTED_OPTIONS,
     TRANSLATED_OPTIONS,
     InvalidRetryPolicy,
     actor_policy,
+    check_budget_option,
     check_message_options,
+    ensure_idempotency_key,
     policy_option,
 )
 from dramatiq_ext._state import STATE_OPTION, MessageState, to_millis, with_countdown
@@ -109,21 +122,26 @@ from ojs_adapters import (
     Decision,
     DecisionEvent,
     Failure,
+    JobContext,
     JobRecord,
+    RetryBudgets,
     RetryPolicy,
     decide,
     describe_failure,
     emit,
 )
 from ojs_adapters.backend_retry import BackendRetry, count_failure
+from ojs_adapters.budget import AnyRetryBudget
 from ojs_adapters.errors import OjsBackendError
 from ojs_adapters.handoff import Claim, attempt_id, error_headers, handed_off, judge_delivery
 from ojs_adapters.history import utc_now
+from ojs_adapters.keys import read_idempotency_key
 
 #: A zero-argument callable returning the jitter sample u in [0, 1).
 JitterSource = Callable[[], float]
 #: Every actor option ``OjsRetries`` reads (Dramatiq refuses undeclared ones).
-ACTOR_OPTIONS = frozenset({POLICY_OPTION, *TRANSLATED_OPTIONS, *REJECTED_OPTIONS})
+ACTOR_OPTIONS = frozenset({POLICY_OPTION, BUDGET_OPTION, *TRANSLATED_OPTIONS,
+                           *REJECTED_OPTIONS})
 
 
 class DeadLettered(Exception):
@@ -172,6 +190,8 @@ RECORD_HOLD_SECONDS = 15.0
 CLAIM_WAIT_SECONDS = 60.0
 #: Where ``before_process_message`` leaves the record it wrote, for this delivery only.
 _STARTED = "_ojs_started_record"
+#: Where it leaves the POSIX time the attempt started.
+_STARTED_AT = "_ojs_started_at"
 #: Attribute of a ``MessageProxy`` holding its ``_Pending`` hand-off.
 _PENDING = "_ojs_pending_successor"
 
@@ -197,6 +217,8 @@ class OjsRetries(Middleware):
       record_ttl: Milliseconds a job record is kept.
       backend_retry: How broker and store calls are retried in place
         (``ojs_adapters.backend_retry.BackendRetry``; 5 tries from 100 ms).
+      retry_budgets: The budgets actors name with ``retry_budget=`` (R-7); by default
+        shared through the broker's Redis on a ``RedisBroker``, else per process.
 
     Example::
 
@@ -218,6 +240,7 @@ class OjsRetries(Middleware):
         history_limit: int = MIN_HISTORY,
         record_ttl: int = DEFAULT_RECORD_TTL,
         backend_retry: BackendRetry | None = None,
+        retry_budgets: RetryBudgets | None = None,
     ) -> None:
         self.logger = logging.getLogger(f"{__name__}.{type(self).__name__}")
         self.default_policy = policy_option(default_policy, base=RetryPolicy(),
@@ -231,6 +254,10 @@ class OjsRetries(Middleware):
         self._stores: weakref.WeakKeyDictionary[Broker, RecordStore] = weakref.WeakKeyDictionary()
         self._stores_lock = threading.Lock()
         self._actor_policies: dict[str, RetryPolicy] = {}
+        self._actor_budgets: dict[str, str | None] = {}
+        self._retry_budgets = retry_budgets
+        self._default_budgets: weakref.WeakKeyDictionary[Broker, RetryBudgets] = (
+            weakref.WeakKeyDictionary())
 
     @property
     def actor_options(self) -> set[str]:
@@ -268,6 +295,8 @@ class OjsRetries(Middleware):
         self._claim(broker)
         self._actor_policies[actor.actor_name] = actor_policy(
             actor.options, self.default_policy, actor=actor.actor_name)
+        self._actor_budgets[actor.actor_name] = check_budget_option(
+            actor.options, actor=actor.actor_name)
 
     # Called directly (exceptions reach the caller) for actors declared before
     # ``add_middleware``; after ``before_declare_actor`` otherwise.
@@ -276,6 +305,7 @@ class OjsRetries(Middleware):
     def before_enqueue(self, broker: Broker, message: Any, delay: int | None) -> None:
         self._claim(broker)
         check_message_options(message.options, actor=message.actor_name)
+        ensure_idempotency_key(message.options, actor=message.actor_name)
 
     def before_worker_boot(self, broker: Broker, worker: Any) -> None:
         self._claim(broker)
@@ -306,14 +336,21 @@ class OjsRetries(Middleware):
             record = (record or self._new_record(message, policy, state)).started(state.attempt)
             self._save(broker, record)
             vars(message)[_STARTED] = record  # after_process_message needs no second read
+            vars(message)[_STARTED_AT] = time.time()
+            set_current_job(JobContext(job_id=message.message_id, attempt=state.attempt,
+                                       idempotency_key=_key_of(message), errors=state.errors,
+                                       replay_count=state.replay_count))
+            budget = self._budget(broker, message.actor_name)
+            if budget is not None:
+                budget.record_execution()
             return
         # "lost" without a record: this copy ran before while the store was unreachable.
         record = record or self._new_record(message, policy, state).started(state.attempt)
         if verdict == "lost":
             self.logger.warning("Message %r arrived again during attempt %d: its worker died.",
                                 message.message_id, state.attempt)
-            decision = decide(policy, state.attempt, Failure.worker_lost(),
-                              jitter_sample=self._sample(policy))
+            state = state._replace(first_attempt_at=state.first_attempt_at or time.time())
+            decision = self._decide(broker, message, policy, state, Failure.worker_lost())
             self._execute(broker, message, state, record, decision)
             raise _AttemptConsumed("attempt lost with its worker (HANDLER_PANIC)")
         if verdict == "resend":
@@ -332,6 +369,7 @@ class OjsRetries(Middleware):
 
     def after_process_message(self, broker: Broker, message: MessageProxy, *,
                               result: Any = None, exception: BaseException | None = None) -> None:
+        clear_current_job()
         if isinstance(exception, _AttemptConsumed):
             return
         state = MessageState.of(message.options)
@@ -343,11 +381,14 @@ class OjsRetries(Middleware):
         if exception is None:
             self._save_before_ack(broker, message, record.completed())
             return
-        decision = decide(policy, state.attempt, _failure_of(exception),
-                          jitter_sample=self._sample(policy))
+        if state.first_attempt_at is None:  # attempt 1 (or sent without it): started now
+            started = vars(message).pop(_STARTED_AT, None)
+            state = state._replace(first_attempt_at=started or time.time())
+        decision = self._decide(broker, message, policy, state, _failure_of(exception))
         self._execute(broker, message, state, record, decision)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        clear_current_job()
         state = MessageState.of(message.options)
         if state.dead_letter and message.failed and state.errors:
             last = state.errors[-1]
@@ -367,8 +408,8 @@ class OjsRetries(Middleware):
             self._save(broker, record)
             self.logger.debug("Retrying message %r as attempt %d in %d ms.",
                               message.message_id, state.attempt + 1, millis)
-            self._hand_off(broker, message, state._replace(attempt=state.attempt + 1), record,
-                           millis)
+            successor = state._replace(attempt=state.attempt + 1, previous_delay=decision.delay)
+            self._hand_off(broker, message, successor, record, millis)
         elif decision.action == "dead_letter":
             self._save(broker, record)
             self.logger.debug("Dead-lettering message %r (%s).", message.message_id,
@@ -381,7 +422,9 @@ class OjsRetries(Middleware):
         # The structured log (``ojs_adapters.logs``) and metrics hooks see each decision once.
         emit(DecisionEvent(framework="dramatiq", job_id=message.message_id,
                            task=message.actor_name, queue=q_name(message.queue_name),
-                           max_attempts=record.max_attempts, decision=decision))
+                           max_attempts=record.max_attempts, decision=decision,
+                           idempotency_key=_key_of(message),
+                           dependency=self._actor_budgets.get(message.actor_name)))
 
     # -- the hand-off: successor accepted before the original is acked ------------------
 
@@ -389,7 +432,8 @@ class OjsRetries(Middleware):
                   record: JobRecord, delay: int | None) -> None:
         """Publish the successor ``state`` describes; if it fails, keep it for ``before_ack``."""
         attempt = record.attempt if state.dead_letter else state.attempt
-        pending = _Pending(message.copy(options={STATE_OPTION: state.to_option()}), delay,
+        options = {STATE_OPTION: state.to_option(), KEY_OPTION: _key_of(message)}
+        pending = _Pending(message.copy(options=options), delay,
                            error_headers(record.errors[-1], attempt), record)
         self._publish_pending(broker, message, pending)
 
@@ -537,12 +581,40 @@ class OjsRetries(Middleware):
     def _sample(self, policy: RetryPolicy) -> float | None:
         return self.jitter_source() if policy.jitter else None
 
+    def _decide(self, broker: Broker, message: MessageProxy, policy: RetryPolicy,
+                state: MessageState, failure: Failure) -> Decision:
+        """``decide`` for failed attempt ``state.attempt``, with the opt-in extensions' inputs."""
+        return decide(policy, state.attempt, failure, jitter_sample=self._sample(policy),
+                      previous_delay=state.previous_delay,
+                      first_attempt_at=state.first_attempt_at,
+                      budget=self._budget(broker, message.actor_name))
+
+    def retry_budgets(self, broker: Broker) -> RetryBudgets:
+        """The budgets actors on ``broker`` draw on (see ``retry_budgets``)."""
+        if self._retry_budgets is not None:
+            return self._retry_budgets
+        budgets = self._default_budgets.get(broker)
+        if budgets is None:
+            with self._stores_lock:
+                budgets = self._default_budgets.get(broker)
+                if budgets is None:
+                    client = getattr(broker, "client", None)  # a RedisBroker's redis client
+                    budgets = self._default_budgets[broker] = RetryBudgets(client)
+        return budgets
+
+    def _budget(self, broker: Broker, actor_name: str) -> AnyRetryBudget | None:
+        if actor_name not in self._actor_budgets:  # declared before this middleware saw it
+            options = broker.get_actor(actor_name).options
+            self._actor_budgets[actor_name] = check_budget_option(options, actor=actor_name)
+        dependency = self._actor_budgets[actor_name]
+        return self.retry_budgets(broker).get(dependency) if dependency else None
+
     def _new_record(self, message: MessageProxy, policy: RetryPolicy,
                     state: MessageState) -> JobRecord:
         """A record from what the message carries (no record yet, or the store is down)."""
         return JobRecord(id=message.message_id, type=message.actor_name,
                          queue=q_name(message.queue_name), max_attempts=policy.max_attempts,
-                         errors=state.errors)
+                         errors=state.errors, extra={"idempotency_key": _key_of(message)})
 
     def _load(self, broker: Broker, message_id: str) -> JobRecord | None:
         store = self.store_for(broker)
@@ -566,6 +638,11 @@ class OjsRetries(Middleware):
             self.logger.exception("Could not save the job record of %r.", record.id)
             return False
         return True
+
+
+def _key_of(message: Any) -> str:
+    """The message's idempotency key; the message id for one sent without ``OjsRetries``."""
+    return read_idempotency_key(message.options.get(KEY_OPTION)) or message.message_id
 
 
 def _token_of(message: MessageProxy) -> str:

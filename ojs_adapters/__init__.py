@@ -9,9 +9,10 @@ The framework-free core. Every retry, discard and dead-letter choice is made by
 'dead_letter'
 """
 
-from ojs_adapters.budget import LocalRetryBudget, RedisRetryBudget
+from ojs_adapters.budget import LocalRetryBudget, RedisRetryBudget, RetryBudgets
 from ojs_adapters.catalog import ERROR_CATALOG, HANDLER_CODES, CatalogEntry, ErrorCategory
 from ojs_adapters.classify import Classification, classify, raise_classified, retry_after_seconds
+from ojs_adapters.context import JobContext
 from ojs_adapters.decision import Action, Decision, RetryBudget, decide
 from ojs_adapters.errors import (
     OjsAuthError,
@@ -26,7 +27,7 @@ from ojs_adapters.errors import (
 from ojs_adapters.events import DecisionEvent, add_hook, emit, remove_hook
 from ojs_adapters.failure import Failure, HandlerCode, JobError, describe_failure, error_type_of
 from ojs_adapters.history import MIN_HISTORY, ErrorEntry, JobRecord
-from ojs_adapters.keys import new_idempotency_key
+from ojs_adapters.keys import check_idempotency_key, new_idempotency_key
 from ojs_adapters.logs import LogDecisions
 from ojs_adapters.policy import DEFAULT_POLICY, RetryPolicy
 
@@ -44,6 +45,7 @@ __all__ = [
     "ErrorEntry",
     "Failure",
     "HandlerCode",
+    "JobContext",
     "JobError",
     "JobRecord",
     "LocalRetryBudget",
@@ -57,8 +59,10 @@ __all__ = [
     "OjsValidationError",
     "RedisRetryBudget",
     "RetryBudget",
+    "RetryBudgets",
     "RetryPolicy",
     "add_hook",
+    "check_idempotency_key",
     "classify",
     "decide",
     "describe_failure",

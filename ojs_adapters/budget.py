@@ -23,8 +23,12 @@ from __future__ import annotations
 import math
 import threading
 import time
+import weakref
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
+
+from ojs_adapters.errors import OjsValidationError
 
 #: Length of the rolling window, in seconds (R-7).
 WINDOW_SECONDS = 30
@@ -151,3 +155,76 @@ class RedisRetryBudget:
             return self.fallback.utilization()
         cap = max(math.floor(execs * self.share), self.minimum)
         return retries / cap if cap else 1.0
+
+
+#: What ``RetryBudgets.get`` hands out.
+AnyRetryBudget = LocalRetryBudget | RedisRetryBudget
+
+#: Every ``RetryBudgets`` made in this process, for the utilization gauge (``metrics``).
+BUDGETS_REGISTRY: weakref.WeakSet[RetryBudgets] = weakref.WeakSet()
+
+
+def check_dependency(value: Any, field: str = "retry_budget") -> str:
+    """``value`` if it names a dependency (a str of 1..128 printable characters)."""
+    if type(value) is str and 0 < len(value) <= 128 and value.isprintable():
+        return value
+    raise OjsValidationError(
+        f"{field} must name a dependency (a string of 1..128 printable characters), "
+        f"got {repr(value)[:80]}", code="INVALID_ARGS",
+        details={"field": field, "value": repr(value)[:80],
+                 "rule": "string of 1..128 printable characters"})
+
+
+class RetryBudgets:
+    """One retry budget per dependency, made on first use (R-7: "tracked per dependency").
+
+    ``client`` (a redis-py client) shares every budget between all workers through
+    Redis; without one they are per process. ``overrides`` maps a dependency to its
+    own ``share``/``minimum``. Adapters use this when a task or actor names its
+    dependency with ``retry_budget="payments-api"``.
+
+    >>> budgets = RetryBudgets(share=0.5, minimum=0)
+    >>> budgets.get("search") is budgets.get("search")
+    True
+    >>> budgets.get("search").share
+    0.5
+    """
+
+    def __init__(self, client: Any = None, *, share: float = DEFAULT_SHARE,
+                 minimum: int = DEFAULT_MINIMUM, window: int = WINDOW_SECONDS,
+                 overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                 prefix: str = "ojs:budget") -> None:
+        if not 0.0 <= share <= 1.0:
+            raise OjsValidationError(f"share must be within [0, 1], got {share!r}",
+                                     code="INVALID_ARGS",
+                                     details={"field": "share", "value": repr(share),
+                                              "rule": "0 <= share <= 1"})
+        self.client, self.share, self.minimum, self.window = client, share, minimum, window
+        self.overrides = {check_dependency(k, "overrides"): dict(v)
+                          for k, v in (overrides or {}).items()}
+        self.prefix = prefix
+        self._budgets: dict[str, AnyRetryBudget] = {}
+        self._lock = threading.Lock()
+        BUDGETS_REGISTRY.add(self)
+
+    def get(self, dependency: str) -> AnyRetryBudget:
+        """The budget of ``dependency`` (the same object on every call)."""
+        budget = self._budgets.get(dependency)
+        if budget is None:
+            with self._lock:
+                budget = self._budgets.get(dependency)
+                if budget is None:
+                    budget = self._budgets[dependency] = self._make(dependency)
+        return budget
+
+    def _make(self, dependency: str) -> AnyRetryBudget:
+        settings = {"share": self.share, "minimum": self.minimum, **self.overrides.get(
+            dependency, {})}
+        if self.client is None:
+            return LocalRetryBudget(dependency, window=self.window, **settings)
+        return RedisRetryBudget(self.client, dependency, window=self.window,
+                                prefix=self.prefix, **settings)
+
+    def utilizations(self) -> dict[str, float]:
+        """Utilization of every budget used so far, by dependency."""
+        return {name: budget.utilization() for name, budget in list(self._budgets.items())}

@@ -27,7 +27,11 @@ _log = logging.getLogger("ojs_adapters.events")
 
 @dataclass(frozen=True, slots=True)
 class DecisionEvent:
-    """One executed decision, with the job's identity (never its arguments)."""
+    """One executed decision, with the job's identity (never its arguments).
+
+    ``idempotency_key`` and ``dependency`` (the retry budget's name, if any) are
+    what R-10 asks every retry log to carry besides the attempt and backoff.
+    """
 
     framework: Framework
     job_id: str
@@ -35,6 +39,8 @@ class DecisionEvent:
     queue: str
     max_attempts: int
     decision: Decision
+    idempotency_key: str | None = None
+    dependency: str | None = None
 
 
 #: A hook receives every ``DecisionEvent``.

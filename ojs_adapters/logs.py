@@ -2,7 +2,8 @@
 
 Records go to the ``ojs_adapters.retry`` logger: retries at INFO, exhaustion and
 dead letters at WARNING. Each carries ``extra={"ojs": {...}}`` with the job id as
-correlation id, the task type, attempt, max_attempts, backoff_ms, error type and
+correlation id, the task type, the idempotency key and retry-budget dependency
+(when set), attempt, max_attempts, backoff_ms, error type and
 code, and the decision. Job arguments and payloads are never logged; exception
 messages only when asked for (``LogDecisions(include_messages=True)``).
 
@@ -52,6 +53,8 @@ class LogDecisions:
             "handler_code": d.entry.handler_code,
             "decision": d.action,
             "reason": d.reason,
+            "idempotency_key": event.idempotency_key,
+            "dependency": event.dependency,
         }
         if self.include_messages:
             fields["error_message"] = d.entry.message

@@ -4,15 +4,19 @@ Nothing here runs unless ``enable_metrics()`` is called, so a process without th
 extra pays nothing. The names are the same from both frameworks:
 ``ojs_retry_attempts_total{task,queue,attempt}``, ``ojs_retry_exhausted_total{task,queue}``,
 ``ojs_dead_letter_total{queue}``, ``ojs_discarded_total{reason}`` (discard, fail,
-non_retryable, exhausted) and the ``ojs_retry_backoff_seconds`` histogram.
+non_retryable, exhausted), the ``ojs_retry_backoff_seconds`` histogram, and the
+``ojs_retry_budget_utilization_ratio{dependency}`` gauge (retries in the window over
+those the budget allows, read from every ``RetryBudgets`` at scrape time; R-7).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from typing import Any
 
 from ojs_adapters import events
+from ojs_adapters.budget import BUDGETS_REGISTRY
 from ojs_adapters.errors import OjsResourceError
 
 #: Histogram buckets for backoff delays, in seconds.
@@ -36,6 +40,8 @@ class PrometheusMetrics:
                                  ["reason"], registry=reg)
         self.backoff = Histogram("ojs_retry_backoff_seconds", "Backoff delay of each retry",
                                  buckets=BACKOFF_BUCKETS, registry=reg)
+        self.budgets = BudgetCollector()
+        reg.register(self.budgets)
 
     def __call__(self, event: events.DecisionEvent) -> None:
         d = event.decision
@@ -51,6 +57,25 @@ class PrometheusMetrics:
         reason = {"non_retryable": "non_retryable", "not_retryable_code": "non_retryable",
                   "exhausted": "exhausted"}.get(d.reason, d.action)
         self.discarded.labels(reason).inc()
+
+
+class BudgetCollector:
+    """Collects ``ojs_retry_budget_utilization_ratio`` from every live ``RetryBudgets``."""
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        gauge = GaugeMetricFamily("ojs_retry_budget_utilization_ratio",
+                                  "Retries in the rolling window over the retries the budget "
+                                  "allows (1 = spent)", labels=["dependency"])
+        for budgets in list(BUDGETS_REGISTRY):
+            for dependency, ratio in budgets.utilizations().items():
+                gauge.add_metric([dependency], ratio)
+        yield gauge
+
+    def describe(self) -> Iterator[Any]:
+        """No fixed description: the registry then collects lazily, at scrape time."""
+        return iter(())
 
 
 def enable_metrics(registry: Any = None) -> PrometheusMetrics:
