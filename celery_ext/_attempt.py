@@ -239,7 +239,8 @@ class _Run:
             self.save(record)  # before the send: the next attempt must find it
             self.report(decision)
             self.schedule_retry(record, exc, countdown=delay, not_before=time.time() + delay)
-        record = self.base.failed(decision.entry, action=decision.action)
+        record = self.base.failed(decision.entry, action=decision.action,
+                                  reason=decision.reason)
         if decision.action == "dead_letter":
             record = replace(record, extra={
                 **record.extra, "dead_letter_queue": dead_letter_queue_for(self.task, self.queue)})

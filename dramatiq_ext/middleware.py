@@ -400,7 +400,7 @@ class OjsRetries(Middleware):
                  record: JobRecord, decision: Decision) -> None:
         state = state.after(decision.entry, keep=self.history_limit)
         record = record.failed(decision.entry, action=decision.action, delay=decision.delay,
-                               keep=self.history_limit)
+                               keep=self.history_limit, reason=decision.reason)
         if decision.action == "retry" and decision.delay is not None:
             millis = to_millis(decision.delay)
             record = with_countdown(record, decision.delay, millis)

@@ -204,13 +204,20 @@ class JobRecord:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def started(self, attempt: int, *, now: datetime | None = None) -> JobRecord:
-        """The record as attempt ``attempt`` begins."""
+        """The record as attempt ``attempt`` begins (a replayed job's old end reason goes)."""
+        extra = self.extra
+        if "end_reason" in extra:
+            extra = {k: v for k, v in extra.items() if k != "end_reason"}
         return replace(self, state="active", attempt=attempt, next_retry_at=None,
-                       updated_at=iso_utc(now or utc_now()))
+                       updated_at=iso_utc(now or utc_now()), extra=extra)
 
     def failed(self, entry: ErrorEntry, *, action: str, delay: float | None = None,
-               keep: int = MIN_HISTORY) -> JobRecord:
-        """The record after a failed attempt and the decision taken on it."""
+               keep: int = MIN_HISTORY, reason: str | None = None) -> JobRecord:
+        """The record after a failed attempt and the decision taken on it.
+
+        ``reason`` (the decision's, e.g. ``max_duration`` or ``budget``) is kept in
+        ``extra["end_reason"]`` when the job ends, so an operator sees why.
+        """
         errors = append_entry(self.errors, entry, keep)
         stamp = entry.occurred_at
         if action == "retry":
@@ -220,9 +227,10 @@ class JobRecord:
                            next_retry_at=next_at, updated_at=stamp)
         outcome: Outcome = {"discard": "discarded", "fail": "failed",
                             "dead_letter": "dead_letter"}[action]  # type: ignore[assignment]
+        extra = {**self.extra, "end_reason": reason} if reason else self.extra
         return replace(self, state="discarded", attempt=entry.attempt, errors=errors,
                        next_retry_at=None, dead_lettered=action == "dead_letter",
-                       outcome=outcome, updated_at=stamp)
+                       outcome=outcome, updated_at=stamp, extra=extra)
 
     def completed(self, *, now: datetime | None = None) -> JobRecord:
         """The record after a successful attempt; earlier errors are kept."""

@@ -118,3 +118,16 @@ def test_entries_from_untrusted_data_are_bounded() -> None:
     assert e.attempt == 2 and len(e.message) < MAX_MESSAGE_CHARS + 40
     assert e.occurred_at == "2026-01-01T00:00:00Z"
     assert e.details is not None and "repr" in e.details
+
+
+def test_end_reason_is_kept_when_a_job_ends_and_dropped_when_it_runs_again() -> None:
+    from ojs_adapters.history import ErrorEntry, JobRecord
+
+    entry = ErrorEntry(attempt=1, code="HANDLER_ERROR", type="E", message="m",
+                       occurred_at="2026-02-15T10:30:00.000Z")
+    record = JobRecord(id="j", type="t", queue="q", max_attempts=1).started(1)
+    ended = record.failed(entry, action="discard", reason="max_duration")
+    assert ended.extra["end_reason"] == "max_duration"
+    assert "end_reason" not in record.failed(entry, action="retry", delay=1.0).extra
+    again = ended.started(1)
+    assert "end_reason" not in again.extra and "end_reason" not in again.completed().extra
