@@ -17,8 +17,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.worker import state as worker_state
 
-from tests.brokers import AMQP_URL, REDIS_URL, require
-from tests.celery_ext.support import Broker, register_tasks
+from tests.celery_ext.support import Broker, broker_named, register_tasks
 
 #: Queues each session worker consumes; tests take them one by one.
 QUEUES_PER_WORKER = 24
@@ -42,16 +41,6 @@ class Env:
         return self.free.pop()
 
 
-def _broker(name: str) -> Broker:
-    if name == "memory":
-        return Broker("memory", "memory://", "cache+memory://")
-    require("Redis", "127.0.0.1", 6379)
-    if name == "redis":
-        return Broker("redis", REDIS_URL, REDIS_URL)
-    require("RabbitMQ", "127.0.0.1", 5672)
-    return Broker("amqp", AMQP_URL, REDIS_URL)  # the record needs a storing backend
-
-
 @pytest.fixture(scope="package", params=["memory", "redis", "amqp"])
 def env(request: pytest.FixtureRequest) -> Iterator[Env]:
     """A worker on the broker named by the parameter, shared by this package's tests.
@@ -61,7 +50,7 @@ def env(request: pytest.FixtureRequest) -> Iterator[Env]:
     worker state (``should_terminate``) and kombu's event loop; one stopping could
     stop the other.
     """
-    broker = _broker(request.param)
+    broker = broker_named(request.param)
     app = broker.make_app(f"ojs-tests-{broker.name}")
     tasks = register_tasks(app)
     queues = [broker.queue_name(f"s{i}") for i in range(QUEUES_PER_WORKER)]

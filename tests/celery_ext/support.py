@@ -196,6 +196,19 @@ class Broker:
                 client.delete(key)
 
 
+def broker_named(name: str) -> Broker:
+    """The test broker ``memory``, ``redis`` or ``amqp`` (records in Redis); skips if down."""
+    from tests.brokers import AMQP_URL, REDIS_URL, require
+
+    if name == "memory":
+        return Broker("memory", "memory://", "cache+memory://")
+    require("Redis", "127.0.0.1", 6379)
+    if name == "redis":
+        return Broker("redis", REDIS_URL, REDIS_URL)
+    require("RabbitMQ", "127.0.0.1", 5672)
+    return Broker("amqp", AMQP_URL, REDIS_URL)  # the record needs a storing backend
+
+
 def drain(app: Celery, queue: str, *, timeout: float = 5.0, expect: int = 1) -> list[Any]:
     """Take up to ``expect`` messages off ``queue`` (acked), waiting at most ``timeout``."""
     got: list[Any] = []

@@ -29,8 +29,7 @@ from celery_ext.dlq import (
 from ojs_adapters import ErrorEntry, JobError, JobRecord
 from ojs_adapters.cli import main
 from ojs_adapters.dlq import DeadLetterFilter, ReplayMark
-from tests.brokers import AMQP_URL, REDIS_URL, require
-from tests.celery_ext.support import Broker
+from tests.celery_ext.support import Broker, broker_named
 from tests.dlq.scenario import Harness, run_batch_scenario, wait_for
 
 POLICY: dict[str, Any] = {"max_attempts": 1, "on_exhaustion": "dead_letter"}
@@ -101,20 +100,10 @@ class Jobs:
             record=lambda job_id: get_job_record(job_id, app=self.app))
 
 
-def _broker(name: str) -> Broker:
-    if name == "memory":
-        return Broker("memory", "memory://", "cache+memory://")
-    require("Redis", "127.0.0.1", 6379)
-    if name == "redis":
-        return Broker("redis", REDIS_URL, REDIS_URL)
-    require("RabbitMQ", "127.0.0.1", 5672)
-    return Broker("amqp", AMQP_URL, REDIS_URL)
-
-
 @pytest.fixture(scope="module", params=["memory", "redis", "amqp"])
 def worker(request: pytest.FixtureRequest) -> Iterator[Jobs]:
     """One in-process worker per broker for this module, on queues of its own."""
-    broker = _broker(request.param)
+    broker = broker_named(request.param)
     app = broker.make_app(f"ojs-dlq-{broker.name}")
     queues = [broker.queue_name(f"d{i}") for i in range(4)]
     made = Jobs(broker, app, list(queues))
