@@ -8,9 +8,10 @@ task overrode:
 - a result backend that stores (not RPC, not disabled): the job record lives
   there, and crash counting reads it.
 - ``task_always_eager`` off: eager retries run at once, ignoring countdowns.
-- Redis: ``visibility_timeout`` longer than the longest countdown and time
-  limit, or the broker hands a waiting retry or a running attempt out again
-  (a duplicate, counted as a crash).
+- Redis with the visibility heartbeat off (``ojs_visibility_heartbeat =
+  False``; ``_heartbeat``): ``visibility_timeout`` longer than the longest
+  countdown and time limit, or the broker hands a waiting retry or a running
+  attempt out again (a duplicate, counted as a crash).
 
 ``check_worker_settings(app)`` returns the problems; the ``worker_init``
 receiver logs each as a warning.
@@ -23,6 +24,7 @@ from typing import Any
 
 from celery import signals
 
+from celery_ext._heartbeat import HEARTBEAT_SETTING
 from celery_ext.records import RecordStore
 
 logger = logging.getLogger("celery_ext")
@@ -59,8 +61,9 @@ def check_worker_settings(app: Any) -> list[str]:
 
 def _redis_visibility_problems(app: Any, tasks: list[Any]) -> list[str]:
     url = str(app.conf.broker_url or "")
-    if not url.startswith(("redis", "rediss", "sentinel")):
-        return []
+    if not url.startswith(("redis", "rediss", "sentinel")) or app.conf.get(HEARTBEAT_SETTING,
+                                                                           True):
+        return []  # the heartbeat keeps held deliveries reserved (RET-13)
     visibility = float((app.conf.broker_transport_options or {}).get("visibility_timeout", 3600))
     longest = max(t.policy().max_interval.total_seconds() for t in tasks)
     limits = [float(t.time_limit or t.soft_time_limit or 0) for t in tasks]

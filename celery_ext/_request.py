@@ -1,6 +1,6 @@
 """``OjsRequest``: the worker main process's side of an ``OjsTask`` delivery.
 
-Two things happen where only the main process can act:
+Three things happen where only the main process can act:
 
 - **Dead letter.** The task body ends with ``JobDeadLettered``; here the
   original message is published to the dead-letter queue (``_deadletter``)
@@ -15,6 +15,10 @@ Two things happen where only the main process can act:
   already died when the limit fired (the pool notices a death late, sometimes
   after the limit), the attempt was lost to a crash, not a timeout: the
   record is left unmarked and the redelivery records ``HANDLER_PANIC``.
+
+- **Visibility heartbeat.** On Redis, every delivery is held in the
+  heartbeat (``_heartbeat``) from its receipt to its ack, so a long job or a
+  retry waiting for its countdown is not handed out again (RET-13).
 
 A lost worker process needs nothing here: ``reject_on_worker_lost`` requeues
 it and the redelivery is detected from the record.
@@ -35,6 +39,7 @@ from celery.worker.state import task_ready
 from celery_ext._deadletter import publish_dead_letter
 from celery_ext._handoff import with_retry
 from celery_ext._headers import HeaderState
+from celery_ext._heartbeat import hold
 from celery_ext.exceptions import JobDeadLettered
 from celery_ext.records import RecordStore
 from ojs_adapters.backend_retry import count_failure
@@ -44,7 +49,12 @@ logger = logging.getLogger("celery_ext")
 
 
 class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
-    """Celery's ``Request`` plus dead-letter publishing and hard-time-limit requeueing."""
+    """Celery's ``Request`` plus dead-letter publishing, hard-time-limit requeueing and the
+    visibility heartbeat."""
+
+    def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(message, *args, **kwargs)
+        hold(message, self.task.app)  # until acked, on Redis (RET-13)
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True,
                    return_ok: bool = False) -> None:
