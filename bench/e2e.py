@@ -10,7 +10,9 @@ Rounds alternate the order (native then OJS, then OJS then native, ...) so
 drift in the machine's load falls on both sides; each figure is the median over
 rounds, and the ratio is OJS / native of the medians. Beside jobs/s each batch
 notes this process's CPU time per job (``time.process_time``, workers
-included): steadier than wall time when other work shares the machine.
+included): steadier than wall time when other work shares the machine. On Redis it
+also notes the Redis round trips per job (``env.count_redis_round_trips``): what the
+retry machinery costs on the wire, free of timing noise.
 """
 
 from __future__ import annotations
@@ -19,28 +21,33 @@ import statistics
 import time
 from typing import Any
 
+from bench.env import ROUND_TRIPS, count_redis_round_trips
 from bench.workload import E2E_DELAY, MIXES, VARIANTS, Mix, Side, Variant
 
 #: Ratio targets per mix (figures to compare with, not tests).
 TARGETS = {"success": 0.98, "fail once": 0.95, "exhausted + DLQ": 0.95}
 
 
-def batch(side: Side, variant: Variant, mix: Mix, jobs: int) -> tuple[float, float]:
-    """Run one batch; return jobs per second and this process's CPU microseconds per job."""
+def batch(side: Side, variant: Variant, mix: Mix, jobs: int) -> tuple[float, float, float]:
+    """Run one batch; return jobs per second, CPU microseconds and Redis round trips per job."""
     side.journal.expect(jobs)
     for i in range(jobs):
         side.send(variant, E2E_DELAY, f"{variant}-{i}", mix.fail_times)
+    on_redis = side.broker == "redis"
+    count_redis_round_trips()
+    commands = ROUND_TRIPS[0]
     cpu = time.process_time()
     side.start((variant,))
     try:
         side.journal.wait(timeout=60 + jobs * mix.attempts / 10)
         cpu = time.process_time() - cpu
         rate = jobs / side.journal.busy_seconds()
+        commands = ROUND_TRIPS[0] - commands if on_redis else 0
         if mix.dead_letters:
             _wait_dead_letters(side, variant, jobs)
     finally:
         side.stop()
-    return rate, cpu / jobs * 1e6
+    return rate, cpu / jobs * 1e6, commands / jobs
 
 
 def _wait_dead_letters(side: Side, variant: Variant, jobs: int, timeout: float = 60) -> None:
@@ -58,13 +65,15 @@ def run(side: Side, *, jobs: int, rounds: int, warmup: int = 30) -> list[dict[st
         batch(side, variant, MIXES[1], min(warmup, jobs))
     rates: dict[tuple[str, Variant], list[float]] = {}
     cpus: dict[tuple[str, Variant], list[float]] = {}
+    commands: dict[tuple[str, Variant], list[float]] = {}
     for round_no in range(rounds):
         order = VARIANTS if round_no % 2 == 0 else VARIANTS[::-1]
         for mix in MIXES:
             for variant in order:
-                rate, cpu = batch(side, variant, mix, jobs)
+                rate, cpu, calls = batch(side, variant, mix, jobs)
                 rates.setdefault((mix.name, variant), []).append(rate)
                 cpus.setdefault((mix.name, variant), []).append(cpu)
+                commands.setdefault((mix.name, variant), []).append(calls)
     rows = []
     for mix in MIXES:
         native = statistics.median(rates[mix.name, "native"])
@@ -78,6 +87,8 @@ def run(side: Side, *, jobs: int, rounds: int, warmup: int = 30) -> list[dict[st
             "ojs_jobs_s": round(ojs, 1), "ratio": round(ratio, 3),
             "target": TARGETS[mix.name], "met": ratio >= TARGETS[mix.name],
             "native_cpu_us_per_job": round(cpu_native), "ojs_cpu_us_per_job": round(cpu_ojs),
+            "native_redis_trips_per_job": round(min(commands[mix.name, "native"]), 1),
+            "ojs_redis_trips_per_job": round(min(commands[mix.name, "ojs"]), 1),
             "native_rounds": [round(r, 1) for r in rates[mix.name, "native"]],
             "ojs_rounds": [round(r, 1) for r in rates[mix.name, "ojs"]],
         })

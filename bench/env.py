@@ -57,6 +57,32 @@ def delete_redis_keys(prefix: str) -> int:
     return len(keys)
 
 
+#: Redis round trips this process has made, once ``count_redis_round_trips`` ran.
+ROUND_TRIPS = [0]
+
+
+def count_redis_round_trips() -> None:
+    """Count every request this process sends to Redis (a pipeline or script counts once).
+
+    Deterministic where wall time is not: the difference over a batch, divided by its
+    jobs, is what each job costs in round trips (workers run in this process). Counted
+    where redis-py writes a request (``send_packed_command``), so commands a Lua script
+    runs inside Redis are not counted, and other clients of the server never are.
+    """
+    from redis.connection import AbstractConnection
+
+    if getattr(AbstractConnection, "_ojs_bench_counted", False):
+        return
+    send = AbstractConnection.send_packed_command
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ROUND_TRIPS[0] += 1  # a lost increment under a thread switch is noise, not bias
+        return send(self, *args, **kwargs)
+
+    AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+    AbstractConnection._ojs_bench_counted = True  # type: ignore[attr-defined]
+
+
 def delete_rabbitmq_queues(names: Iterable[str]) -> None:
     """Delete the RabbitMQ queues ``names`` (ones this run declared), ignoring missing ones."""
     import pika

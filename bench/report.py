@@ -27,7 +27,14 @@ def _e2e(row: dict[str, Any]) -> list[str]:
     return [row["framework"], row["broker"], row["mix"], str(row["jobs"]),
             f"{row['native_jobs_s']:.0f}", f"{row['ojs_jobs_s']:.0f}",
             f"{row['ratio']:.2f}", f">={row['target']:.2f} {verdict}",
-            f"{row['native_cpu_us_per_job']} / {row['ojs_cpu_us_per_job']}"]
+            f"{row['native_cpu_us_per_job']} / {row['ojs_cpu_us_per_job']}",
+            _commands(row)]
+
+
+def _commands(row: dict[str, Any]) -> str:
+    if row["broker"] != "redis" or "ojs_redis_trips_per_job" not in row:
+        return "-"
+    return f"{row['native_redis_trips_per_job']:.1f} / {row['ojs_redis_trips_per_job']:.1f}"
 
 
 def _timing(row: dict[str, Any]) -> list[str]:
@@ -45,7 +52,7 @@ SECTIONS: dict[str, Section] = {
     "core": ("Core (median per call)", ["operation", "us/call"], _core),
     "e2e": ("End to end, OJS vs native (jobs/s, median of rounds)",
             ["framework", "broker", "mix", "jobs", "native", "OJS", "OJS/native", "target",
-             "CPU us/job native / OJS"],
+             "CPU us/job native / OJS", "Redis round trips/job native / OJS"],
             _e2e),
     "timing": ("Retry lateness (start - failure - countdown)",
                ["framework", "broker", "delay s", "variant", "jobs", "p50 ms", "p99 ms"],
