@@ -42,9 +42,11 @@ Limits:
 - The sweep and the worker compare wall clocks: skew between hosts larger than
   that margin restores held messages, as it would without the heartbeat.
 - A closed channel (worker shutdown, a lost broker connection) ends the
-  heartbeat of its messages: kombu restores them as it closes the channel, or
-  after the timeout if Redis is unreachable then, exactly as without the
-  heartbeat (a job still running at that moment is handed out again).
+  heartbeat of its messages: kombu restores them as it closes the channel (a job
+  still running at that moment is handed out again). If Redis is unreachable
+  then (a restart), kombu would leave them for the timeout; the heartbeat notices
+  the closed channel within ``CLOSE_CHECK`` seconds and hands them back itself as
+  soon as Redis answers (``_orphans``, issue 8).
 - Only OjsTask messages are held; other tasks keep kombu's plain behaviour.
 - App setting ``ojs_visibility_heartbeat = False`` turns it off.
 """
@@ -59,6 +61,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from celery_ext._orphans import hand_back
+
 logger = logging.getLogger("celery_ext")
 
 #: App setting: ``False`` turns the heartbeat off (on by default).
@@ -68,16 +72,25 @@ SLICES = 4
 #: ... but at least this often, and at most this often (seconds).
 MAX_INTERVAL = 60.0
 MIN_INTERVAL = 0.05
+#: While anything is held (or waits to be handed back), look at least this often (seconds)
+#: for a closed channel; it costs no Redis call.
+CLOSE_CHECK = 1.0
 
 
 @dataclass
 class _Held:
-    """One held delivery: its message, its channel, and when to refresh it next."""
+    """One held delivery: its message, its channel, and when to refresh it next.
+
+    ``owner`` is the kombu connection it came over, and ``stamp`` the last score the
+    heartbeat set (at first, when it began to hold it): ``_orphans`` needs both.
+    """
 
     message: Any
     channel: Any
     interval: float
     due: float
+    owner: Any = None
+    stamp: float = 0.0
 
 
 def heartbeat_interval(visibility_timeout: float) -> float:
@@ -106,6 +119,7 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._held: dict[int, _Held] = {}
+        self._orphans: list[_Held] = []  # closed unacked: to hand back (``_orphans``)
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
@@ -122,9 +136,12 @@ class Heartbeat:
         with self._lock:
             if self._pid != os.getpid():  # a forked child holds nothing of its parent's
                 self._held.clear()
+                self._orphans.clear()
                 self._thread, self._pid = None, os.getpid()
-            self._held[id(message)] = _Held(message, channel, interval,
-                                            self.clock() + interval)
+            now = self.clock()
+            owner = getattr(getattr(channel, "connection", None), "client", None)
+            self._held[id(message)] = _Held(message, channel, interval, now + interval,
+                                            owner, now)
             if start and (self._thread is None or not self._thread.is_alive()):
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name="ojs-visibility-heartbeat")
@@ -138,22 +155,34 @@ class Heartbeat:
             return len(self._held)
 
     def tick(self) -> float | None:
-        """Refresh every delivery that is due; forget those acked or closed.
+        """Refresh every delivery that is due; forget those acked; hand back those whose
+        channel closed unacked (``_orphans``).
 
-        Returns when the next one is due (``None``: nothing is held).
+        Returns when to tick next (``None``: nothing is held or waits to be handed back).
         """
         now = self.clock()
         due: dict[int, list[_Held]] = {}
         with self._lock:
             for key, held in list(self._held.items()):
-                if held.message.acknowledged or getattr(held.channel, "closed", False):
+                if held.message.acknowledged:
                     del self._held[key]
+                elif getattr(held.channel, "closed", False):
+                    del self._held[key]
+                    self._orphans.append(held)
                 elif held.due <= now:
                     due.setdefault(id(held.channel), []).append(held)
+            # Past its visibility timeout kombu's sweep hands an orphan out by itself.
+            orphans = [held for held in self._orphans
+                       if now - held.stamp < float(getattr(held.channel, "visibility_timeout", 0))]
+            self._orphans = []
         for batch in due.values():
             self._refresh(batch, now)
+        left = hand_back(orphans) if orphans else []
         with self._lock:
-            return min((held.due for held in self._held.values()), default=None)
+            self._orphans.extend(left)
+            if not self._held and not self._orphans:
+                return None
+            return min([held.due for held in self._held.values()] + [now + CLOSE_CHECK])
 
     def _refresh(self, batch: list[_Held], now: float) -> None:
         channel = batch[0].channel
@@ -168,7 +197,7 @@ class Heartbeat:
             logger.warning("ojs-adapters: visibility heartbeat of %d deliveries failed: %r",
                            len(batch), error)
         for held in batch:
-            held.due = now + held.interval
+            held.due, held.stamp = now + held.interval, now
 
     def _run(self) -> None:
         while True:
