@@ -12,7 +12,9 @@ exceptions ``JobDiscarded`` and ``JobDeadLettered`` that ``AsyncResult.get()``
 raises for a job the policy ended (``.record`` holds its job record);
 ``check_worker_settings(app)``; ``HEADER`` and ``DEAD_LETTER_HEADER``, the
 message headers carrying the history. App settings read:
-``ojs_default_retry_policy``, ``ojs_jitter_source``, ``ojs_dead_letter_queue``.
+``ojs_default_retry_policy``, ``ojs_jitter_source``, ``ojs_dead_letter_queue``,
+``ojs_visibility_heartbeat``, and for retries parked on the broker (``_parking``)
+``ojs_park_after``, ``ojs_park_prefix``, ``ojs_park_poll_interval``.
 """
 
 from celery_ext._checks import check_worker_settings

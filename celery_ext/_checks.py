@@ -10,8 +10,9 @@ task overrode:
 - ``task_always_eager`` off: eager retries run at once, ignoring countdowns.
 - Redis with the visibility heartbeat off (``ojs_visibility_heartbeat =
   False``; ``_heartbeat``): ``visibility_timeout`` longer than the longest
-  countdown and time limit, or the broker hands a waiting retry or a running
-  attempt out again (a duplicate, counted as a crash).
+  countdown that waits in a worker (at most ``ojs_park_after``: longer ones are
+  parked, ``_parking``) and time limit, or the broker hands a waiting retry or a
+  running attempt out again (a duplicate, counted as a crash).
 
 ``check_worker_settings(app)`` returns the problems; the ``worker_init``
 receiver logs each as a warning.
@@ -25,6 +26,7 @@ from typing import Any
 from celery import signals
 
 from celery_ext._heartbeat import HEARTBEAT_SETTING
+from celery_ext._parking import park_after
 from celery_ext.records import RecordStore
 
 logger = logging.getLogger("celery_ext")
@@ -66,6 +68,9 @@ def _redis_visibility_problems(app: Any, tasks: list[Any]) -> list[str]:
         return []  # the heartbeat keeps held deliveries reserved (RET-13)
     visibility = float((app.conf.broker_transport_options or {}).get("visibility_timeout", 3600))
     longest = max(t.policy().max_interval.total_seconds() for t in tasks)
+    parked_after = park_after(app)
+    if parked_after is not None:  # a longer wait is parked on the broker (_parking)
+        longest = min(longest, parked_after)
     limits = [float(t.time_limit or t.soft_time_limit or 0) for t in tasks]
     out = []
     if longest >= visibility:

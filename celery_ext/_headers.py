@@ -55,9 +55,12 @@ from ojs_adapters.keys import read_idempotency_key
 
 #: Name of the message header that carries the OJS state.
 HEADER = "ojs"
-#: Headers a transport adds on redelivery; never copied into a retry.
+#: Headers a transport adds on redelivery or dead-lettering; never copied into a retry (a
+#: kept ``x-death`` makes RabbitMQ drop a retry parked twice as a dead-letter cycle).
 _TRANSPORT_HEADERS = frozenset({"redelivered", "x-death", "x-first-death-exchange",
-                                "x-first-death-queue", "x-first-death-reason"})
+                                "x-first-death-queue", "x-first-death-reason",
+                                "x-last-death-exchange", "x-last-death-queue",
+                                "x-last-death-reason"})
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """``OjsRequest``: the worker main process's side of an ``OjsTask`` delivery.
 
-Three things happen where only the main process can act:
+Four things happen where only the main process can act:
 
 - **Dead letter.** The task body ends with ``JobDeadLettered``; here the
   original message is published to the dead-letter queue (``_deadletter``)
@@ -19,6 +19,9 @@ Three things happen where only the main process can act:
 - **Visibility heartbeat.** On Redis, every delivery is held in the
   heartbeat (``_heartbeat``) from its receipt to its ack, so a long job or a
   retry waiting for its countdown is not handed out again (RET-13).
+- **Parked retries.** A retry back from the RabbitMQ delay levels is made an
+  anonymous delivery to its queue again before Celery reads it
+  (``_parking.restore_delivery_info``).
 
 A lost worker process needs nothing here: ``reject_on_worker_lost`` requeues
 it and the redelivery is detected from the record.
@@ -40,6 +43,7 @@ from celery_ext._deadletter import publish_dead_letter
 from celery_ext._handoff import with_retry
 from celery_ext._headers import HeaderState
 from celery_ext._heartbeat import hold
+from celery_ext._parking import restore_delivery_info
 from celery_ext.exceptions import JobDeadLettered
 from celery_ext.records import RecordStore
 from ojs_adapters.backend_retry import count_failure
@@ -53,6 +57,9 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
     visibility heartbeat."""
 
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
+        app = kwargs.get("app") or getattr(kwargs.get("task"), "app", None)
+        if app is not None:  # a retry back from the RabbitMQ delay levels names its queue
+            restore_delivery_info(message, app)
         super().__init__(message, *args, **kwargs)
         hold(message, self.task.app)  # until acked, on Redis (RET-13)
 

@@ -41,6 +41,7 @@ from celery import Task
 
 from celery_ext._attempt import CONTEXT_ATTRIBUTE, RetryRequested, job_context, run_attempt
 from celery_ext._headers import HEADER, HeaderState
+from celery_ext._parking import install as install_parking
 from celery_ext._policy import reject_celery_retry_options, task_policy
 from celery_ext.exceptions import JobDiscarded
 from ojs_adapters import (
@@ -115,8 +116,10 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
-        """Validate again once the app (and its default policy) is known."""
+        """Validate again once the app (and its default policy) is known; give its workers
+        the mover of parked retries (``_parking``)."""
         task_policy(cls.retry_policy, app)
+        install_parking(app)
 
     def policy(self, override: Mapping[str, Any] | None = None) -> RetryPolicy:
         """The effective policy: ``override`` over the task's over the app default."""
