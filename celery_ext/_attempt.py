@@ -17,14 +17,17 @@ the ``Decision``; it makes no choice of its own.
 - ``retry`` is a native ``Task.retry`` with the exact float countdown and the
   history merged into the request's headers; Celery keeps queue, routing key
   and priority (``signature_from_request``). ``max_retries`` is the policy's,
-  so Celery's own limit never cuts in first (RET-01).
+  so Celery's own limit never cuts in first (RET-01). A countdown of more than
+  ``ojs_park_after`` s (default 60) is *parked* on the broker until it is due
+  instead of waiting in a worker's memory (``_parking``, issue 8).
 - ``discard``/``fail`` raise ``JobDiscarded`` and ``dead_letter`` raises
   ``JobDeadLettered``: the trace stores FAILURE (so ``AsyncResult.get()``
   raises at once) and ``OjsRequest`` publishes the dead letter before the ack.
 - **Safe hand-off** (issue 11). The retry is published through a confirming
   connection with a fresh ``ojs-token`` header and the ``x-ojs-*`` error headers
   (``_handoff``), tried in place on backend errors (5 tries from 100 ms); the
-  record is then marked ``handed_off``, and only after that does ``Task.retry``'s
+  record is then marked ``handed_off`` (unless the retry already ran: saves are
+  ordered, ``records``), and only after that does ``Task.retry``'s
   ``Retry`` reach the trace, which acks. If the broker does not accept it, the
   original is requeued (``Reject(requeue=True)``; with the broker gone it simply
   stays unacked and the broker gives it back). A delivery is judged by
@@ -66,6 +69,7 @@ from celery_ext._handoff import (
     with_retry,
 )
 from celery_ext._headers import HEADER, HeaderState, merged
+from celery_ext._parking import parking_producer
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext.dlq import replay_info
 from celery_ext.exceptions import JobDeadLettered, JobDiscarded
@@ -83,6 +87,7 @@ from ojs_adapters import (
     emit,
 )
 from ojs_adapters.backend_retry import count_failure
+from ojs_adapters.claims import Begun, record_of
 from ojs_adapters.errors import OjsBackendError
 from ojs_adapters.handoff import Claim, attempt_id, error_headers, handed_off, judge_delivery
 
@@ -112,7 +117,8 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
         run.fail(run.state.invalid, None)
     previous = run.check_redelivery()
     run.wait_for_countdown()
-    run.save(run.base.started(run.state.attempt))
+    if not run.started_saved:
+        run.save(run.base.started(run.state.attempt))
     run.start()
     try:
         result = task.run(*args, **kwargs)
@@ -147,6 +153,8 @@ class _Run:
         # which its retries and replays keep, serves as one.
         self.key = self.state.idempotency_key or str(self.request.id)
         self.dependency: str | None = getattr(type(task), "retry_budget", None)
+        self.started_saved = False  # ``begin`` wrote the ``active`` record with the claim
+        self.started_record: JobRecord | None = None  # what ``begin`` tried to write
         self.base = JobRecord(
             id=self.request.id, type=task.name, queue=self.queue,
             max_attempts=self.policy.max_attempts, errors=self.state.errors,
@@ -173,9 +181,18 @@ class _Run:
 
         Returns the stored record when this is a new attempt (the normal case).
         """
-        record = self.load()
         attempt = self.state.attempt
-        verdict = judge_delivery(record, attempt, claim=self.claim())
+        begun = self.begin()
+        if begun is None:  # not the Redis backend, or unreachable: one call each
+            record = self.load()
+            claimed = self.claim()
+            if claimed == "new" and record is not None and record == self.started_record:
+                # our own start, by a ``begin`` whose replies were all lost: not a crash
+                record, self.started_saved = None, True
+        else:
+            claimed, raw, self.started_saved = begun
+            record = record_of(raw)
+        verdict = judge_delivery(record, attempt, claim=claimed)
         if verdict == "run":
             return record
         # "lost" without a record: this copy ran before while the store was unreachable.
@@ -191,11 +208,26 @@ class _Run:
                     self.task.name, self.request.id, attempt, record.state, record.attempt)
         raise Ignore()
 
+    def begin(self) -> Begun | None:
+        """Claim, read the record and (a new attempt) save it ``active``: one round trip.
+
+        ``None`` where the store cannot do it in one (then ``load`` and ``claim``).
+        """
+        started = self.started_record = self.base.started(self.state.attempt)
+        try:
+            return with_retry(self.task.app, lambda: self.store.begin(
+                self.claim_key(), self.token(), started), operation="claim attempt")
+        except Exception:  # the step-by-step path reports it, and requeues if need be
+            return None
+
+    def token(self) -> str:
+        """``<copy token>|<delivery nonce>``: a retried claim whose reply was lost stays ours."""
+        copy = str((self.request.headers or {}).get(TOKEN_HEADER) or "sent")
+        return f"{copy}|{self.nonce}"
+
     def claim(self) -> Claim:
         """This copy's claim on its attempt (``RecordStore.claim``); requeued if unreachable."""
-        key = self.claim_key()
-        token = str((self.request.headers or {}).get(TOKEN_HEADER) or "sent")
-        token = f"{token}|{self.nonce}"  # a retried claim whose reply was lost stays ours
+        key, token = self.claim_key(), self.token()
         try:
             return with_retry(self.task.app, lambda: self.store.claim(key, token),
                               operation="claim attempt")
@@ -263,7 +295,8 @@ class _Run:
 
     def schedule_retry(self, record: JobRecord, exc: BaseException | None, *,
                        countdown: float, not_before: float) -> NoReturn:
-        """A native Celery retry carrying the history of ``record``, after ``countdown`` s."""
+        """A native Celery retry carrying the history of ``record``, after ``countdown`` s
+        (parked on the broker if that is long: ``_parking``)."""
         header = replace(
             self.state, attempt=record.attempt + 1, errors=record.errors,
             countdowns=tuple(record.extra["countdowns"]),
@@ -279,10 +312,13 @@ class _Run:
 
         def publish_once() -> Retry:
             with confirming_connection(self.task.app) as conn:
+                # a long countdown waits on the broker, not in a worker (RET-11, _parking)
+                producer = parking_producer(self.task.app, conn, queue=self.queue,
+                                            not_before=not_before) or conn.Producer()
                 try:
                     Task.retry(self.task, exc=cause, countdown=countdown,
                                max_retries=self.policy.max_retries, retry=False,
-                               producer=conn.Producer(),
+                               producer=producer,
                                headers={**headers, TOKEN_HEADER: new_token()})
                 except Retry as sent:
                     return sent
@@ -299,7 +335,7 @@ class _Run:
             logger.error("%s[%s]: the broker did not accept the retry (%s); requeueing",
                          self.task.name, self.request.id, error.code)
             raise Reject(error, requeue=True) from None
-        self.save(handed_off(record))
+        self.save(handed_off(record))  # dropped if the retry already ran and saved its own
         raise sent
 
     # -- the record -----------------------------------------------------------------
@@ -314,10 +350,13 @@ class _Run:
                            self.request.id, exc_info=True)
             return None
 
-    def save(self, record: JobRecord) -> None:
-        """Store ``record``; a write that fails even after its retries is logged and counted."""
+    def save(self, record: JobRecord, *, force: bool = False) -> None:
+        """Store ``record``; a write that fails even after its retries is logged and counted.
+
+        A stored record of a later attempt is kept unless ``force`` (``RecordStore.save``).
+        """
         try:
-            with_retry(self.task.app, lambda: self.store.save(record),
+            with_retry(self.task.app, lambda: self.store.save(record, force=force),
                        operation="write job record")
         except Exception:  # never fail the job for its record
             count_failure("write job record", "failed")
@@ -332,7 +371,7 @@ class _Run:
             logger.warning("%s[%s]: cannot release the claim", self.task.name,
                            self.request.id, exc_info=True)
         if record is not None:
-            self.save(record)
+            self.save(record, force=True)  # an earlier attempt's record over this one's
             return
         try:
             self.store.delete(self.request.id)

@@ -4,7 +4,8 @@ An ``OjsTask`` dead-letters the original task message (body untouched) with its
 job record in the ``ojs-dead-letter`` header (``_deadletter``), so each message
 there is a ``DeadLetter`` as it stands. Replay publishes the original body back to
 its queue with fresh OJS headers (attempt 1, the full history kept, Celery's
-``retries`` and ``eta`` cleared) plus the header ``ojs-replay``
+``retries`` and ``eta`` cleared, the last run's ``x-ojs-*`` and ``ojs-token``
+dropped, the idempotency key kept) plus the header ``ojs-replay``
 (``{"replay_count", "last_replayed_at"}``, carried on by every later retry and
 dead letter), stamps the job record first, and removes *that* dead message in
 the same atomic step:
@@ -34,20 +35,23 @@ from kombu.serialization import loads as _untyped_loads
 from kombu.serialization import prepare_accept_content as _untyped_accept
 
 from celery_ext._deadletter import DEAD_LETTER_HEADER
+from celery_ext._handoff import TOKEN_HEADER
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._routing import DEAD_LETTER_SETTING, dead_letter_queue_name
 from celery_ext.records import RecordStore
 from ojs_adapters import JobRecord
 from ojs_adapters.dlq import DeadLetter, DeadLetters, ReplayMark, last_error, load_object
 from ojs_adapters.dlq import replayed_record as _replayed_record
+from ojs_adapters.handoff import HEADER_NAMES
 
 #: kombu's deserializer (untyped upstream).
 _loads: Callable[..., Any] = _untyped_loads
 _accept: Callable[[Any], Any] = _untyped_accept
 #: Header carrying ``{"replay_count": n, "last_replayed_at": iso}`` on replayed jobs.
 REPLAY_HEADER = "ojs-replay"
-#: Headers of one dead-lettering or one delivery, dropped from a replayed copy.
-_DROPPED_HEADERS = frozenset({DEAD_LETTER_HEADER, "x-ojs-error-code", "x-ojs-error-message",
+#: Headers of one dead-lettering, one hand-off (the last failure's ``x-ojs-*``, the
+#: copy's token) or one delivery, dropped from a replayed copy.
+_DROPPED_HEADERS = frozenset({DEAD_LETTER_HEADER, *HEADER_NAMES, TOKEN_HEADER,
                               "redelivered", "x-death", "x-first-death-exchange",
                               "x-first-death-queue", "x-first-death-reason"})
 

@@ -9,6 +9,12 @@ starts, ``retryable`` with ``next_retry_at`` while a retry waits, and
 ``completed`` or ``discarded`` at the end. The RPC backend and no backend at
 all keep no record; the history still travels in the message headers.
 
+Saves are ordered: on the Redis backend a save never replaces a record of a
+later attempt or replay round (``ojs_adapters.handoff.record_rank``), in one
+atomic script (``ORDERED_SAVE_LUA``). The ``handed_off`` mark is written after the
+retry was accepted, and that retry may already have run and stored its own
+record. Other backends write as told.
+
 >>> from celery import Celery
 >>> app = Celery("demo", broker="memory://", backend="cache+memory://")
 >>> get_job_record("no-such-task", app=app) is None
@@ -18,7 +24,6 @@ True
 from __future__ import annotations
 
 import json
-from functools import partial
 from typing import Any
 
 from celery.backends.base import BaseKeyValueStoreBackend, DisabledBackend
@@ -26,7 +31,8 @@ from celery.backends.redis import RedisBackend
 from celery.backends.rpc import RPCBackend
 
 from ojs_adapters import JobRecord
-from ojs_adapters.handoff import Claim
+from ojs_adapters.claims import Begun, begin_on_redis, claim_of
+from ojs_adapters.handoff import ORDERED_SAVE_LUA, Claim, record_rank
 
 #: Suffix of the record's key (key-value backends) or pseudo task id (others).
 RECORD_SUFFIX = ".ojs"
@@ -55,6 +61,7 @@ class RecordStore:
         #: RPC "stores" results as reply messages, read once: no place for a record.
         self.enabled = not isinstance(backend, (DisabledBackend, RPCBackend))
         self._key_value = isinstance(backend, BaseKeyValueStoreBackend)
+        self._ordered: Any = None  # the ordered save script, registered on first use
 
     def load(self, task_id: str) -> JobRecord | None:
         """The stored record, or ``None``."""
@@ -70,25 +77,37 @@ class RecordStore:
             return None
         return JobRecord.from_dict(meta["result"])
 
-    def save(self, record: JobRecord) -> None:
-        """Replace the stored record (no-op without a storing backend)."""
+    def save(self, record: JobRecord, *, force: bool = False) -> None:
+        """Store ``record`` (no-op without a storing backend).
+
+        On Redis a stored record of a later attempt or replay round is kept (see the
+        module docstring); ``force`` replaces it anyway (putting an earlier record back).
+        """
         if not self.enabled:
             return
-        if self._key_value:
-            key = self.backend.get_key_for_task(record.id, key=RECORD_SUFFIX)
-            self._set(key, record.to_json())
-        else:
+        if not self._key_value:
             self.backend.store_result(record.id + RECORD_SUFFIX, record.to_dict(), RECORD_STATE)
-
-    def _set(self, key: str, value: str) -> None:
-        backend = self.backend
-        if isinstance(backend, RedisBackend):
-            # RedisBackend.set writes with SETEX (deprecated by redis-py) and PUBLISHes
-            # the value for result waiters, which a record never has: a plain SET EX.
-            write = partial(backend.client.set, ex=backend.expires or None)
-            backend.ensure(write, (key, value))
+            return
+        key = self.backend.get_key_for_task(record.id, key=RECORD_SUFFIX)
+        if isinstance(self.backend, RedisBackend):
+            # Not RedisBackend.set: it writes with SETEX (deprecated by redis-py) and
+            # PUBLISHes the value for result waiters, which a record never has.
+            self.backend.ensure(self._redis_save, (key, record, force))
         else:
-            backend.set(key, value)
+            self.backend.set(key, record.to_json())
+
+    def _redis_save(self, key: str, record: JobRecord, force: bool) -> None:
+        """One round trip: ``SET`` (``force``) or the ordered save script."""
+        client, expires = self.backend.client, self.backend.expires
+        if force:
+            client.set(key, record.to_json(), ex=expires or None)
+            return
+        if self._ordered is None:
+            self._ordered = client.register_script(ORDERED_SAVE_LUA)
+        data = record.to_dict()
+        self._ordered(keys=[key], args=[json.dumps(data, separators=(",", ":")),
+                                        *record_rank(data), int((expires or 0) * 1000),
+                                        "string"])
 
     def claim(self, key: str, token: str) -> Claim:
         """Claim attempt ``key`` for the copy ``token`` (``ojs_adapters.handoff.Claim``).
@@ -102,16 +121,29 @@ class RecordStore:
         if not self.enabled or not isinstance(self.backend, RedisBackend) or client is None:
             return "new"
         name = self.backend.get_key_for_task(key, key=CLAIM_SUFFIX)
-        ttl = int(self.backend.expires or 86_400)
-        if client.set(name, token, nx=True, ex=ttl):
+        if client.set(name, token, nx=True, ex=self._claim_ttl()):
             return "new"
         held = client.get(name)
-        if held is None:
-            return "new"
-        value = held.decode() if isinstance(held, bytes) else held
-        if value == token:  # this delivery's own claim, its first reply lost
-            return "new"
-        return "mine" if value.split("|")[0] == token.split("|")[0] else "other"
+        return "new" if held is None else claim_of(held, token)
+
+    def begin(self, key: str, token: str, started: JobRecord) -> Begun | None:
+        """``claim`` and ``load`` in one round trip on the Redis backend, saving
+        ``started`` when the claim is new and the stored record (if any) is of an
+        earlier attempt; ``None`` on other backends (then one call each).
+        The returned ``Begun.record`` is the record as it was before."""
+        client = getattr(self.backend, "client", None)
+        if not self.enabled or not isinstance(self.backend, RedisBackend) or client is None:
+            return None
+        expires = self.backend.expires
+        return begin_on_redis(
+            client, claim_key=self.backend.get_key_for_task(key, key=CLAIM_SUFFIX),
+            record_key=self.backend.get_key_for_task(started.id, key=RECORD_SUFFIX),
+            token=token, claim_ttl_ms=self._claim_ttl() * 1000, started=started.to_json(),
+            record_ttl_ms=int(expires * 1000) if expires else None, attempt=started.attempt)
+
+    def _claim_ttl(self) -> int:
+        """Seconds a claim is kept: the backend's result expiry, else a day."""
+        return int(self.backend.expires or 86_400)
 
     def release(self, key: str) -> None:
         """Drop the claim on attempt ``key`` (the attempt will be delivered afresh)."""

@@ -4,7 +4,8 @@
 in ``options["ojs"]``, so every message in a ``.XQ`` queue is a ``DeadLetter`` as
 it stands. Replay sends a copy back to the original queue as attempt 1, history
 kept, ``replay_count``/``last_replayed_at`` in ``options["ojs"]`` and in the job
-record, and removes *that* dead message in the same atomic step:
+record (the last run's ``x-ojs-*`` options and ``ojs_token`` dropped, the
+``idempotency_key`` kept), and removes *that* dead message in the same atomic step:
 
 - Redis: one Lua script moves the entry from ``<ns>:<queue>.XQ`` to the queue;
 - RabbitMQ: the publish and the ack of the dead delivery commit in one AMQP
@@ -37,6 +38,7 @@ from dramatiq.broker import Broker
 from dramatiq.common import q_name
 from dramatiq.message import Message
 
+from dramatiq_ext._handoff import TOKEN_OPTION
 from dramatiq_ext._state import STATE_OPTION, MessageState
 from dramatiq_ext.middleware import OjsRetries
 from dramatiq_ext.stores import MemoryRecordStore, RecordStore, RedisRecordStore, default_store
@@ -50,9 +52,11 @@ from ojs_adapters.dlq import (
     load_object,
     replayed_record,
 )
+from ojs_adapters.handoff import HEADER_NAMES
 
-#: Options that belong to one hop through a broker, dropped from a replayed copy.
-_HOP_OPTIONS = frozenset({"eta", "redis_message_id"})
+#: Options that belong to one hop through a broker (and the hand-off's: the last
+#: failure's ``x-ojs-*``, the copy's token), dropped from a replayed copy.
+_HOP_OPTIONS = frozenset({"eta", "redis_message_id", TOKEN_OPTION, *HEADER_NAMES})
 
 
 def dead_letter_queue(broker: Broker, *, queues: Sequence[str] = (),

@@ -52,7 +52,13 @@ leaves it unacked, to be redelivered. The job record then says what a delivery i
 (``ojs_adapters.handoff.judge_delivery``): the record is marked once the successor is
 accepted; a redelivered original whose successor is not marked is published again;
 and every attempt is *claimed* by the copy that runs it (``stores.claim``, keyed by
-``<message id>:<attempt>``), so a successor published twice runs once.
+``<message id>:<attempt>``), so a successor published twice runs once. Before it
+claims, a delivery takes a lease on its attempt, renewed while it lives (``_lease``):
+another delivery of it meanwhile (RabbitMQ gives unacked messages back when a
+connection drops, a delay-queue hop can be forwarded twice) waits for it instead of
+counting a lost worker, and is then dropped as a duplicate. On RabbitMQ a held ack
+is sent only on the channel its message came from (``_rabbitmq_acks``): Dramatiq
+would send it, by delivery tag, on the new connection's channel, acking another message.
 
 The final record of an attempt (and the ``handed_off`` mark) is saved before the ack
 too; if the store stays down the ack waits up to ``RECORD_HOLD_SECONDS`` (15 s), then
@@ -68,11 +74,11 @@ Windows that remain:
 - A copy that ran while the store was unreachable and whose worker then died comes
   back with its own claim and a record that never saw it: it counts as a lost attempt
   (``HANDLER_PANIC``), never runs twice. So does a claim whose reply was lost.
-- Dramatiq's Redis consumer drops its in-memory delay queue on a connection error:
-  retries already accepted and prefetched from ``<queue>.DQ`` stay in that worker's
-  ack set until the worker is replaced (Dramatiq then requeues them after its
-  ``heartbeat_timeout``). The adapter cannot reach that queue; restart workers that
-  lost their Redis link (the RabbitMQ broker gives unacked messages back by itself).
+- Dramatiq's Redis consumer drops its in-memory delay queue on a connection error
+  (a Redis restart): the retries it held stay in that worker's ack set of
+  ``<queue>.DQ``. ``_redis_delays`` puts them back on ``<queue>.DQ`` before the
+  consumer starts again (issue 8); the RabbitMQ broker gives unacked messages back
+  by itself. A Redis that restarts without persistence loses them all the same.
 - While the broker is down, each held ack blocks its worker thread (Dramatiq retries
   it every 5 s).
 
@@ -102,6 +108,7 @@ from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from dramatiq_ext._context import clear_current_job, set_current_job
 from dramatiq_ext._handoff import TOKEN_OPTION, Publisher
+from dramatiq_ext._lease import HEARTBEAT, WAIT_SECONDS, lease_ms, time_limit_paused
 from dramatiq_ext._options import (
     BUDGET_OPTION,
     KEY_OPTION,
@@ -115,8 +122,17 @@ from dramatiq_ext._options import (
     ensure_idempotency_key,
     policy_option,
 )
+from dramatiq_ext._rabbitmq_acks import guard_acks
+from dramatiq_ext._redis_delays import recover_delays
 from dramatiq_ext._state import STATE_OPTION, MessageState, to_millis, with_countdown
-from dramatiq_ext.stores import DEFAULT_RECORD_TTL, RecordStore, claim, default_store
+from dramatiq_ext.stores import (
+    DEFAULT_RECORD_TTL,
+    RecordStore,
+    claim,
+    default_store,
+    lease,
+    saves_in_order,
+)
 from ojs_adapters import (
     MIN_HISTORY,
     Decision,
@@ -132,6 +148,7 @@ from ojs_adapters import (
 )
 from ojs_adapters.backend_retry import BackendRetry, count_failure
 from ojs_adapters.budget import AnyRetryBudget
+from ojs_adapters.claims import Begun, record_of
 from ojs_adapters.errors import OjsBackendError
 from ojs_adapters.handoff import Claim, attempt_id, error_headers, handed_off, judge_delivery
 from ojs_adapters.history import utc_now
@@ -194,6 +211,8 @@ _STARTED = "_ojs_started_record"
 _STARTED_AT = "_ojs_started_at"
 #: Attribute of a ``MessageProxy`` holding its ``_Pending`` hand-off.
 _PENDING = "_ojs_pending_successor"
+#: Attribute of a ``MessageProxy`` naming the holder of its attempt's lease (``_lease``).
+_LEASED = "_ojs_lease_holder"
 
 
 
@@ -309,6 +328,8 @@ class OjsRetries(Middleware):
 
     def before_worker_boot(self, broker: Broker, worker: Any) -> None:
         self._claim(broker)
+        recover_delays(broker)  # Redis: held retries come back after a lost link (issue 8)
+        guard_acks(broker)  # RabbitMQ: no late ack lands on another message (issue 11)
 
     # -- processing ---------------------------------------------------------------------
 
@@ -328,13 +349,28 @@ class OjsRetries(Middleware):
                           self._new_record(message, policy, state).started(state.attempt),
                           decide(policy, state.attempt, state.invalid))
             raise _AttemptConsumed("unreadable OJS state: dead-lettered (INVALID_PAYLOAD)")
-        record = self._load(broker, message.message_id)
         nonce = uuid.uuid4().hex  # this delivery: a retried claim whose reply was lost is ours
-        verdict = judge_delivery(record, state.attempt,
-                                 claim=self._wait_for_claim(broker, message, state, nonce))
+        self._lease_attempt(broker, message, state, nonce)  # alone on the attempt from here
+        # A first attempt has no record yet: ``begin`` may write it with the claim.
+        fresh = self._new_record(message, policy, state).started(1) \
+            if state.attempt == 1 else None
+        begun = self._begin(broker, message, state, nonce, fresh)
+        if begun is None:  # a store without ``begin``, or unreachable: step by step
+            record = self._load(broker, message.message_id)
+            claimed = self._wait_for_claim(broker, message, state, nonce)
+            if claimed == "new" and record is not None and record == fresh:
+                record = None  # our own start, by a ``begin`` whose replies were all lost
+        else:
+            claimed = begun.claim
+            record = record_of(begun.record)
+        verdict = judge_delivery(record, state.attempt, claim=claimed)
         if verdict == "run":
-            record = (record or self._new_record(message, policy, state)).started(state.attempt)
-            self._save(broker, record)
+            if begun is not None and begun.wrote and fresh is not None:
+                record = fresh  # saved by ``begin`` with the claim (one round trip)
+            else:
+                record = (record or self._new_record(message, policy, state)).started(
+                    state.attempt)
+                self._save(broker, record)
             vars(message)[_STARTED] = record  # after_process_message needs no second read
             vars(message)[_STARTED_AT] = time.time()
             set_current_job(JobContext(job_id=message.message_id, attempt=state.attempt,
@@ -472,7 +508,8 @@ class OjsRetries(Middleware):
             pending = pending._replace(message=None)
         if pending.record is not None:
             record = handed_off(pending.record) if pending.mark else pending.record
-            if pending.mark and self._newer_attempt_started(broker, record):
+            if pending.mark and not saves_in_order(self.store_for(broker)) and \
+                    self._newer_attempt_started(broker, record):
                 # The successor already ran and wrote its own record: this late mark
                 # would overwrite it with an older history (it lost an entry under load).
                 vars(message).pop(_PENDING, None)
@@ -513,8 +550,49 @@ class OjsRetries(Middleware):
         pending = vars(message).get(_PENDING)
         if pending is not None and not self._publish_pending(broker, message, pending):
             raise _HandoffPending(f"successor of {message.message_id} not accepted; ack held")
+        HEARTBEAT.drop(vars(message).pop(_LEASED, ""))  # the outcome is stored: let it lapse
 
     before_nack = before_ack
+
+    def _lease_attempt(self, broker: Broker, message: MessageProxy, state: MessageState,
+                       nonce: str) -> None:
+        """Take this delivery's lease on its attempt (``_lease``), waiting (unacked, nothing
+        run, outside the actor's time limit) while another live delivery holds it, or while
+        the store is unreachable (up to ``CLAIM_WAIT_SECONDS``, as for the claim). It returns
+        without the lease once the record shows the attempt over (this delivery is then a
+        duplicate), or at once if the store keeps no leases."""
+        store, key = self.store_for(broker), _claim_key(message, state)
+        holder = f"{_token_of(message)}|{nonce}"
+        taken = self._try_lease(store, key, holder)
+        if taken is False:
+            self.logger.warning("Message %r: another delivery of attempt %d is alive, or the "
+                                "store is out of reach; waiting.", message.message_id,
+                                state.attempt)
+            deadline = time.monotonic() + CLAIM_WAIT_SECONDS
+            with time_limit_paused(broker, message):
+                while taken is False:
+                    if judge_delivery(self._load(broker, message.message_id), state.attempt,
+                                      claim="mine") == "duplicate":
+                        return  # the holder's outcome is stored (it lets its lease lapse)
+                    time.sleep(WAIT_SECONDS)
+                    taken = self._try_lease(store, key, holder, deadline)
+        if taken:
+            HEARTBEAT.hold(store, key, holder)
+            vars(message)[_LEASED] = holder
+
+    def _try_lease(self, store: RecordStore, key: str, holder: str,
+                   deadline: float | None = None) -> bool | None:
+        """One ``stores.lease`` call (retried in place); ``False`` also while the store is
+        unreachable, until ``deadline`` (then ``True``: go on, the heartbeat takes it later)."""
+        try:
+            return self.backend_retry.call(lambda: lease(store, key, holder, lease_ms()),
+                                           operation="lease attempt")
+        except OjsBackendError:
+            if deadline is None or time.monotonic() < deadline:
+                return False
+            self.logger.error("Could not lease attempt %s for %.0f s; going on without.",
+                              key, CLAIM_WAIT_SECONDS)
+            return True
 
     def _wait_for_claim(self, broker: Broker, message: MessageProxy,
                         state: MessageState, nonce: str) -> Claim:
@@ -535,14 +613,31 @@ class OjsRetries(Middleware):
                 return "new"
             time.sleep(1.0)
 
+    def _begin(self, broker: Broker, message: MessageProxy, state: MessageState, nonce: str,
+               fresh: JobRecord | None) -> Begun | None:
+        """Claim, read the record and (first attempt) save ``fresh``, in one store call.
+
+        ``None`` when the store has no ``begin`` (then one call each) or cannot be
+        reached now (the step-by-step path waits for it).
+        """
+        store = self.store_for(broker)
+        begin = getattr(store, "begin", None)
+        if begin is None:
+            return None
+        key, token = _claim_key(message, state), f"{_token_of(message)}|{nonce}"
+        try:
+            begun: Begun = self.backend_retry.call(
+                lambda: begin(key, token, self.record_ttl, message.message_id,
+                              None if fresh is None else fresh.to_dict()),
+                operation="claim attempt")
+        except Exception:
+            return None
+        return begun
+
     def _claim_attempt(self, broker: Broker, message: MessageProxy, state: MessageState,
                        step: str | None = None, nonce: str = "") -> Claim | None:
         """Whether this copy may run ``state.attempt`` (or ``step``); ``None``: store down."""
-        key = attempt_id(message.message_id, state.attempt)
-        if step:
-            key += f"/{step}"
-        if state.replay_count:
-            key += f"/replay{state.replay_count}"
+        key = _claim_key(message, state, step)
         token = f"{_token_of(message)}|{nonce or uuid.uuid4().hex}"
         store = self.store_for(broker)
         try:
@@ -638,6 +733,16 @@ class OjsRetries(Middleware):
             self.logger.exception("Could not save the job record of %r.", record.id)
             return False
         return True
+
+
+def _claim_key(message: MessageProxy, state: MessageState, step: str | None = None) -> str:
+    """``<message id>:<attempt>`` (``/<step>``, ``/replay<n>``): what a copy claims to run."""
+    key = attempt_id(message.message_id, state.attempt)
+    if step:
+        key += f"/{step}"
+    if state.replay_count:
+        key += f"/replay{state.replay_count}"
+    return key
 
 
 def _key_of(message: Any) -> str:

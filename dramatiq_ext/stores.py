@@ -16,12 +16,20 @@ has a key of its own. Which store, unless ``OjsRetries(store=...)`` names one:
 
 Records expire after ``ttl`` milliseconds (7 days by default, Dramatiq's
 dead-message TTL). One worker at a time works on a message, so a plain
-read-modify-write is enough for the record. Two *copies* of one attempt (a retry
-published twice) can run at once, though, so each attempt is first *claimed*
-(``claim``): an atomic first-writer-wins mark (``SET NX`` on Redis, a lock in
-memory). A store without ``claim`` (a ``Results`` backend other than Redis) lets
-every copy through: the record check then catches only copies that arrive after
-the first one started.
+read-modify-write is enough for the record, and saves are *ordered*: a save never
+replaces a record of a later attempt or replay round
+(``ojs_adapters.handoff.record_rank``), as a late ``handed_off`` mark would after
+its successor already ran (atomically on Redis, one script: ``ORDERED_SAVE_LUA``;
+on a ``Results`` backend only when it is Redis with JSON values). Two *copies*
+of one attempt (a retry published twice) can run at once, though, so each
+attempt is first *claimed* (``claim``): an atomic first-writer-wins mark (``SET
+NX`` on Redis, a lock in memory). A store without ``claim`` (a ``Results`` backend
+other than Redis) lets every copy through: the record check then catches only
+copies that arrive after the first one started.
+
+Before it claims, a delivery takes a *lease* on its attempt (``lease``, kept alive
+by ``_lease``): a second delivery of the same attempt waits while a live one holds
+it, and goes on once a dead one's lapses. Stores without ``lease`` keep none.
 
 >>> store = MemoryRecordStore()
 >>> store.save("m1", {"id": "m1", "state": "active"})
@@ -37,7 +45,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol, cast
 
-from ojs_adapters.handoff import Claim
+from ojs_adapters.claims import Begun, begin_on_redis, claim_of
+from ojs_adapters.handoff import ORDERED_SAVE_LUA, Claim, is_newer, record_rank
 
 #: How long a record is kept, in milliseconds (Dramatiq's dead-message TTL).
 DEFAULT_RECORD_TTL = 7 * 86_400_000
@@ -71,19 +80,60 @@ def claim(store: Any, key: str, token: str, ttl: int) -> Claim:
     return "new" if method is None else cast(Claim, method(key, token, ttl))
 
 
+def lease(store: Any, key: str, holder: str, ttl: int) -> bool | None:
+    """Take or renew the lease on attempt ``key`` for delivery ``holder``, for ``ttl`` ms.
+
+    ``True``: ``holder`` holds it now; ``False``: another delivery does; ``None``:
+    the store keeps no leases.
+
+    >>> store = MemoryRecordStore()
+    >>> [lease(store, "m1:2", holder, 1000) for holder in ("a|1", "a|2", "a|1")]
+    [True, False, True]
+    """
+    method = getattr(store, "lease", None)
+    taken = None if method is None else method(key, holder, ttl)
+    return None if taken is None else bool(taken)
+
+
+def saves_in_order(store: Any) -> bool:
+    """Whether ``store.save`` keeps a stored record of a later attempt (see above)."""
+    return bool(getattr(store, "ordered", False))
+
+
+#: Take or renew a lease. KEYS[1] the lease; ARGV[1] the holder, ARGV[2] its TTL (ms).
+_LEASE = """
+local held = redis.call("GET", KEYS[1])
+if held and held ~= ARGV[1] then return 0 end
+redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
+return 1
+"""
+
+
+class _RedisScripts:
+    """The ordered save and the lease on one Redis client, registered on first use."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._save: Any = None
+        self._lease: Any = None
+
+    def save(self, key: str, value: str | bytes, record: Mapping[str, Any], ttl: int,
+             layout: str) -> None:
+        if self._save is None:
+            self._save = self.client.register_script(ORDERED_SAVE_LUA)
+        self._save(keys=[key], args=[value, *record_rank(record), ttl, layout])
+
+    def lease(self, key: str, holder: str, ttl: int) -> bool:
+        if self._lease is None:
+            self._lease = self.client.register_script(_LEASE)
+        return bool(self._lease(keys=[key], args=[holder, ttl]))
+
+
 def _redis_claim(client: Any, key: str, token: str, ttl: int) -> Claim:
     if client.set(key, token, nx=True, px=ttl):
         return "new"
     held = client.get(key)
     return "new" if held is None else claim_of(held, token)
-
-
-def claim_of(held: str | bytes, token: str) -> Claim:
-    """How the claim value ``held`` relates to ``token`` (both ``<copy>|<delivery>``)."""
-    value = held.decode() if isinstance(held, bytes) else held
-    if value == token:
-        return "new"
-    return "mine" if value.split("|")[0] == token.split("|")[0] else "other"
 
 
 class MemoryRecordStore:
@@ -92,6 +142,8 @@ class MemoryRecordStore:
     A registry by construction: the whole point is to hold state. Expired
     records are dropped when read.
     """
+
+    ordered = True
 
     def __init__(self, *, ttl: int = DEFAULT_RECORD_TTL) -> None:
         self.ttl = ttl
@@ -110,8 +162,13 @@ class MemoryRecordStore:
         return data
 
     def save(self, message_id: str, record: Mapping[str, Any]) -> None:
+        """Store ``record``, unless the stored one ranks higher (``record_rank``)."""
         text = json.dumps(record, separators=(",", ":"))
         with self._lock:
+            found = self._records.get(message_id)
+            if found is not None and found[1] >= time.monotonic() and \
+                    is_newer(json.loads(found[0]), record):
+                return
             self._records[message_id] = (text, time.monotonic() + self.ttl / 1000)
 
     def claim(self, key: str, token: str, ttl: int) -> Claim:
@@ -124,6 +181,16 @@ class MemoryRecordStore:
                 return "new"
             return claim_of(held[0], token)
 
+    def lease(self, key: str, holder: str, ttl: int) -> bool:
+        """See ``lease``; leases live beside the records."""
+        now = time.monotonic()
+        with self._lock:
+            held = self._records.get("lease:" + key)
+            if held is not None and held[1] >= now and held[0] != holder:
+                return False
+            self._records["lease:" + key] = (holder, now + ttl / 1000)
+            return True
+
 
 class RedisRecordStore:
     """Records as JSON strings in Redis under ``<prefix>:<message_id>``.
@@ -132,6 +199,8 @@ class RedisRecordStore:
 
     >>> store = RedisRecordStore(url="redis://127.0.0.1:6379/0", prefix="myapp:ojs-record")
     """
+
+    ordered = True
 
     def __init__(self, *, client: Any = None, url: str | None = None,
                  prefix: str = "ojs-record", ttl: int = DEFAULT_RECORD_TTL) -> None:
@@ -144,6 +213,7 @@ class RedisRecordStore:
         self.client = client
         self.prefix = prefix
         self.ttl = ttl
+        self._scripts = _RedisScripts(client)
 
     def load(self, message_id: str) -> dict[str, Any] | None:
         raw = self.client.get(f"{self.prefix}:{message_id}")
@@ -153,12 +223,27 @@ class RedisRecordStore:
         return data
 
     def save(self, message_id: str, record: Mapping[str, Any]) -> None:
+        """Store ``record``, unless the stored one ranks higher: one atomic script."""
         text = json.dumps(record, separators=(",", ":"))
-        self.client.set(f"{self.prefix}:{message_id}", text, px=self.ttl)
+        self._scripts.save(f"{self.prefix}:{message_id}", text, record, self.ttl, "string")
 
     def claim(self, key: str, token: str, ttl: int) -> Claim:
         """First writer wins (see ``claim``): ``SET NX`` on ``<prefix>:claim:<key>``."""
         return _redis_claim(self.client, f"{self.prefix}:claim:{key}", token, ttl)
+
+    def lease(self, key: str, holder: str, ttl: int) -> bool:
+        """See ``lease``: ``<prefix>:lease:<key>``."""
+        return self._scripts.lease(f"{self.prefix}:lease:{key}", holder, ttl)
+
+    def begin(self, key: str, token: str, ttl: int, message_id: str,
+              started: Mapping[str, Any] | None) -> Begun:
+        """``claim`` and ``load`` in one round trip, saving ``started`` (if given) when
+        both find nothing (a new claim, no record): a first attempt's whole start."""
+        text = None if started is None else json.dumps(started, separators=(",", ":"))
+        return begin_on_redis(
+            self.client, claim_key=f"{self.prefix}:claim:{key}",
+            record_key=f"{self.prefix}:{message_id}", token=token, claim_ttl_ms=ttl,
+            started=text, record_ttl_ms=self.ttl)
 
 
 class _RecordKey(NamedTuple):
@@ -175,6 +260,15 @@ class ResultsRecordStore:
     def __init__(self, backend: Any, *, ttl: int = DEFAULT_RECORD_TTL) -> None:
         self.backend = backend
         self.ttl = ttl
+        client = getattr(backend, "client", None)
+        self._scripts = _RedisScripts(client) if hasattr(client, "register_script") else None
+
+    @property
+    def ordered(self) -> bool:
+        """Saves are ordered on a Redis backend with JSON values (Dramatiq's default)."""
+        from dramatiq.encoder import JSONEncoder
+
+        return self._scripts is not None and isinstance(self.backend.encoder, JSONEncoder)
 
     def load(self, message_id: str) -> dict[str, Any] | None:
         from dramatiq.results import ResultMissing
@@ -190,7 +284,11 @@ class ResultsRecordStore:
 
         wrap: Callable[[Any], Any] = wrap_result  # untyped upstream; the identity today
         key = self.backend.build_message_key(_RecordKey(_RESULTS_QUEUE, _RESULTS_ACTOR, message_id))
-        self.backend._store(key, wrap(dict(record)), self.ttl)
+        if self._scripts is None or not self.ordered:
+            self.backend._store(key, wrap(dict(record)), self.ttl)
+            return
+        value = self.backend.encoder.encode(wrap(dict(record)))  # as ``_store`` would
+        self._scripts.save(key, value, record, self.ttl, "list")
 
     def claim(self, key: str, token: str, ttl: int) -> Claim:
         """First writer wins on a Redis backend; granted on others (see ``claim``)."""
@@ -199,6 +297,13 @@ class ResultsRecordStore:
             return "new"
         name = self.backend.build_message_key(_RecordKey(_RESULTS_QUEUE, "ojs-claim", key))
         return _redis_claim(client, name, token, ttl)
+
+    def lease(self, key: str, holder: str, ttl: int) -> bool | None:
+        """See ``lease``, on a Redis backend (``None``: others keep no leases)."""
+        if self._scripts is None:
+            return None
+        name = self.backend.build_message_key(_RecordKey(_RESULTS_QUEUE, "ojs-lease", key))
+        return self._scripts.lease(name, holder, ttl)
 
 
 def default_store(broker: Any, *, ttl: int = DEFAULT_RECORD_TTL) -> RecordStore:

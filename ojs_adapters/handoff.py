@@ -12,6 +12,11 @@ delivery is, so the adapters run every attempt at most once:
 - ``judge_delivery(record, attempt, claim=...)``: what to do with a delivery, given
   the job record and the attempt's claim (each published copy carries a token; the
   first copy to claim an attempt owns it).
+- ``record_rank(data)`` and ``ORDERED_SAVE_LUA``: records are saved in order. The
+  ``handed_off`` mark is written after the successor was accepted, and the successor
+  may run (and store its own record) first: a save never replaces a record of a later
+  attempt, or of a later replay round (``is_newer``; on Redis, atomically, in one
+  round trip).
 
 >>> error_headers(ErrorEntry(1, "HANDLER_ERROR", "SmtpError", "refused", "2026-02-15T10:30:00Z"),
 ...               2)["x-ojs-error-details"]
@@ -23,6 +28,7 @@ delivery is, so the adapters run every attempt at most once:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -41,6 +47,39 @@ MAX_HEADER_MESSAGE = 1024
 HANDED_OFF = "handed_off"
 #: ``HANDED_OFF`` value once the dead-letter copy was accepted.
 DEAD_LETTER_SUCCESSOR = "dead_letter"
+
+#: Redis script: save a job record unless the stored one ranks higher (``record_rank``).
+#: KEYS[1]: the record's key. ARGV: [1] the record (JSON text), [2] its replay round,
+#: [3] its attempt, [4] time to live in ms (0: none), [5] "string" (``SET``) or "list"
+#: (a one-element list, as Dramatiq's Redis result backend keeps values). A stored
+#: value that is not a JSON object is replaced. Returns 1 if written, 0 if kept.
+ORDERED_SAVE_LUA = """
+local list = ARGV[5] == "list"
+local held
+if list then held = redis.call("LINDEX", KEYS[1], 0) else held = redis.call("GET", KEYS[1]) end
+if held then
+    local ok, old = pcall(cjson.decode, held)
+    if ok and type(old) == "table" then
+        local round = tonumber(old["replay_count"]) or 0
+        local attempt = tonumber(old["attempt"]) or 0
+        local new_round, new_attempt = tonumber(ARGV[2]), tonumber(ARGV[3])
+        if round > new_round or (round == new_round and attempt > new_attempt) then
+            return 0
+        end
+    end
+end
+local ttl = tonumber(ARGV[4])
+if list then
+    redis.call("DEL", KEYS[1])
+    redis.call("LPUSH", KEYS[1], ARGV[1])
+    if ttl > 0 then redis.call("PEXPIRE", KEYS[1], ttl) end
+elseif ttl > 0 then
+    redis.call("SET", KEYS[1], ARGV[1], "PX", ttl)
+else
+    redis.call("SET", KEYS[1], ARGV[1])
+end
+return 1
+"""
 
 #: The attempt's claim as this copy found it: just taken by this copy ("new"), taken
 #: by this same copy on an earlier delivery ("mine"), or held by another copy ("other").
@@ -81,6 +120,30 @@ def error_headers(entry: ErrorEntry, attempt: int) -> dict[str, Any]:
         ERROR_DETAILS_HEADER: json.dumps(details, separators=(",", ":"), default=repr),
         ATTEMPT_HEADER: attempt,
     }
+
+
+def record_rank(data: Mapping[str, Any]) -> tuple[int, int]:
+    """Where a stored record (``JobRecord.to_dict()``) stands: ``(replay round, attempt)``.
+
+    >>> record_rank({"attempt": 2, "replay_count": 1}), record_rank({})
+    ((1, 2), (0, 0))
+    """
+    return _count(data.get("replay_count")), _count(data.get("attempt"))
+
+
+def is_newer(stored: Mapping[str, Any] | None, record: Mapping[str, Any]) -> bool:
+    """Whether ``stored`` ranks above ``record``: then saving ``record`` must keep ``stored``.
+
+    >>> is_newer({"attempt": 2}, {"attempt": 1}), is_newer({"attempt": 2}, {"attempt": 2})
+    (True, False)
+    >>> is_newer({"attempt": 2}, {"attempt": 0, "replay_count": 1})
+    False
+    """
+    return stored is not None and record_rank(stored) > record_rank(record)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def successor_of(record: JobRecord) -> str:

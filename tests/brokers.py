@@ -43,11 +43,3 @@ def require(name: str, host: str, port: int) -> None:
     if brokers_required():
         pytest.fail(f"{reason}, and CI=true / OJS_REQUIRE_BROKERS=1 forbid skipping")
     pytest.skip(f"{reason}; start it (see README) to run this test")
-
-
-#: Fault-injection tests that still fail now and then when run in one batch with the
-#: rest (issue 11 stays open for them); they run when OJS_FAULT_TESTS=1.
-flaky_fault_test = pytest.mark.skipif(
-    os.environ.get("OJS_FAULT_TESTS") != "1",
-    reason="fault-injection test, flaky in a full batch (issue 11 open): set OJS_FAULT_TESTS=1",
-)

@@ -17,6 +17,7 @@ from celery.worker import state as worker_state
 from click.testing import CliRunner
 
 from celery_ext import DEAD_LETTER_HEADER, HEADER, OjsTask, get_job_record
+from celery_ext._handoff import TOKEN_HEADER
 from celery_ext._headers import HeaderState
 from celery_ext.dlq import (
     REPLAY_HEADER,
@@ -29,6 +30,7 @@ from celery_ext.dlq import (
 from ojs_adapters import ErrorEntry, JobError, JobRecord
 from ojs_adapters.cli import main
 from ojs_adapters.dlq import DeadLetterFilter, ReplayMark
+from ojs_adapters.handoff import HEADER_NAMES
 from tests.celery_ext.support import Broker, broker_named
 from tests.dlq.scenario import Harness, run_batch_scenario, wait_for
 
@@ -45,9 +47,12 @@ class Jobs:
     healed: threading.Event = field(default_factory=threading.Event)
     done: list[int] = field(default_factory=list)
     replays: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: Headers each run of ``retried`` saw, by its argument.
+    seen: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tasks = [self._task(name) for name in ("charge", "email")]
+        self.retried = self._retried()
 
     def _task(self, name: str) -> Any:
         def job(task: Any, n: int) -> None:
@@ -58,6 +63,18 @@ class Jobs:
 
         return self.app.task(job, shared=False, base=OjsTask, bind=True, retry_policy=POLICY,
                              name=f"{self.app.main}.{name}")
+
+    def _retried(self) -> Any:
+        """A task retried once (a hand-off: token and ``x-ojs-*``), then dead-lettered."""
+        def job(task: Any, n: int) -> None:
+            self.seen.setdefault(n, []).append(dict(task.request.headers or {}))
+            if not self.healed.is_set():
+                raise JobError("net.Timeout", f"job {n}")
+
+        return self.app.task(job, shared=False, base=OjsTask, bind=True,
+                             name=f"{self.app.main}.retried",
+                             retry_policy={"max_attempts": 2, "initial_interval": "PT0.1S",
+                                           "jitter": False, "on_exhaustion": "dead_letter"})
 
     def size(self, names: list[str]) -> int:
         """Messages ready in ``names`` (a queue not declared yet holds none)."""
@@ -105,7 +122,7 @@ def worker(request: pytest.FixtureRequest) -> Iterator[Jobs]:
     """One in-process worker per broker for this module, on queues of its own."""
     broker = broker_named(request.param)
     app = broker.make_app(f"ojs-dlq-{broker.name}")
-    queues = [broker.queue_name(f"d{i}") for i in range(4)]
+    queues = [broker.queue_name(f"d{i}") for i in range(5)]
     made = Jobs(broker, app, list(queues))
     quiet = [logging.getLogger(n) for n in ("celery", "celery_ext", "ojs_adapters")]
     levels = [x.level for x in quiet]
@@ -128,6 +145,7 @@ def jobs(worker: Jobs) -> Jobs:
     worker.healed.clear()
     worker.done.clear()
     worker.replays.clear()
+    worker.seen.clear()
     return worker
 
 
@@ -182,6 +200,34 @@ def test_replay_interrupted_mid_batch_loses_and_doubles_nothing(
     wait_for(lambda: len(jobs.done) >= 20, "every job to run again")
     wait_for(lambda: jobs.size([queue]) == 0, "the queue to drain")
     assert sorted(jobs.done) == list(range(0, 40, 2)) and jobs.size([dead_queue]) == 0
+
+
+@pytest.mark.broker
+def test_replay_drops_the_last_runs_handoff_headers(jobs: Jobs) -> None:
+    """Issue 11: a replayed job carries no ``x-ojs-*`` header nor copy token of its last run;
+    its history, idempotency key and replay count go with it."""
+    queue = jobs.free.pop()
+    jobs.retried.apply_async((7,), queue=queue, idempotency_key="order-7")
+    dead_queue = f"{queue}.dead_letter"
+    wait_for(lambda: jobs.size([dead_queue]) == 1, "the dead letter")
+    retry_headers = jobs.seen[7][1]  # attempt 2 ran from the retry the hand-off published
+    assert {TOKEN_HEADER, *HEADER_NAMES} <= set(retry_headers)
+    dlq = dead_letter_queue(jobs.app, queues=[queue])
+    try:
+        [letter] = dlq.list(DeadLetterFilter(queue=queue)).items
+        assert set(HEADER_NAMES) <= set(letter.payload["headers"])  # what a replay must drop
+        jobs.healed.set()
+        assert len(dlq.replay(DeadLetterFilter(queue=queue)).replayed) == 1
+    finally:
+        dlq.close()
+    wait_for(lambda: len(jobs.seen[7]) == 3, "the replayed job to run")
+    replayed = jobs.seen[7][2]
+    stale = {TOKEN_HEADER, DEAD_LETTER_HEADER, *HEADER_NAMES} & set(replayed)
+    assert not stale, f"stale hand-off headers replayed: {stale}"
+    state = HeaderState.from_headers(replayed)
+    assert (state.attempt, state.idempotency_key) == (1, "order-7")
+    assert [(e.attempt, e.type) for e in state.errors] == [(1, "net.Timeout"), (2, "net.Timeout")]
+    assert replay_info(replayed)["replay_count"] == 1
 
 
 #: The app ``--app tests.dlq.test_celery_dlq:APP`` names while the CLI test runs.

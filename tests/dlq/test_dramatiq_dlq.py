@@ -11,11 +11,15 @@ from typing import Any
 
 import dramatiq
 import pytest
+from dramatiq.middleware import CurrentMessage
 
 from dramatiq_ext import MemoryRecordStore, OjsRetries
+from dramatiq_ext._handoff import TOKEN_OPTION
+from dramatiq_ext._state import MessageState
 from dramatiq_ext.dlq import JobRecords, dead_letter_queue
 from ojs_adapters import JobError
 from ojs_adapters.dlq import DeadLetterFilter, DeadLetters
+from ojs_adapters.handoff import HEADER_NAMES
 from tests.dlq.scenario import Harness, run_batch_scenario, wait_for
 from tests.dramatiq_ext.harness import Env, make_env
 
@@ -181,3 +185,54 @@ def test_replay_interrupted_mid_batch_loses_and_doubles_nothing(
     wait_for(lambda: len(jobs.done) >= 20, "every job to run again")
     wait_for(lambda: jobs.count(("", ".DQ")) == 0, "the queue to drain")
     assert sorted(jobs.done) == list(range(0, 40, 2)) and jobs.count((".XQ",)) == 0
+
+
+@pytest.fixture(params=BROKERS)
+def seen_env(request: pytest.FixtureRequest) -> Iterator[Env]:
+    """An env whose actors can read the message they run (``CurrentMessage``)."""
+    kind = request.param
+    urls: dict[str, str] = {}
+    if kind != "stub":
+        urls["redis_url"] = request.getfixturevalue("redis_url")
+    if kind == "rabbitmq":
+        urls["amqp_url"] = request.getfixturevalue("amqp_url")
+    ojs = OjsRetries(store=MemoryRecordStore()) if kind == "stub" else None
+    with quiet(), make_env(kind, ojs=ojs, extra=[CurrentMessage()], **urls) as env:  # type: ignore[arg-type]
+        yield env
+
+
+@pytest.mark.broker
+def test_replay_drops_the_last_runs_handoff_options(seen_env: Env) -> None:
+    """Issue 11: a replayed job carries no ``x-ojs-*`` option nor copy token of its last run;
+    its history, idempotency key and replay count go with it."""
+    env, healed, seen = seen_env, threading.Event(), []
+
+    def job(n: int) -> None:
+        message = CurrentMessage.get_current_message()
+        assert message is not None
+        seen.append(dict(message.options))
+        if not healed.is_set():
+            raise JobError("net.Timeout", f"job {n}")
+
+    actor = env.actor(job, retry_policy={"max_attempts": 2, "initial_interval": "PT0.1S",
+                                         "jitter": False, "on_exhaustion": "dead_letter"})
+    env.start()
+    actor.send_with_options(args=(7,), idempotency_key="order-7")
+    dlq = dead_letter_queue(env.broker)
+    try:
+        wait_for(lambda: dlq.list(DeadLetterFilter(queue=env.queue)).total == 1,
+                 "the dead letter")
+        [letter] = dlq.list(DeadLetterFilter(queue=env.queue)).items
+        assert {TOKEN_OPTION, *HEADER_NAMES} <= set(seen[1])  # attempt 2 came by a hand-off
+        assert {TOKEN_OPTION, *HEADER_NAMES} <= set(letter.payload["options"])
+        healed.set()
+        assert len(dlq.replay(DeadLetterFilter(queue=env.queue)).replayed) == 1
+    finally:
+        dlq.close()
+    wait_for(lambda: len(seen) == 3, "the replayed job to run")
+    stale = {TOKEN_OPTION, *HEADER_NAMES} & set(seen[2])
+    assert not stale, f"stale hand-off options replayed: {stale}"
+    state = MessageState.of(seen[2])
+    assert (state.attempt, state.replay_count) == (1, 1)
+    assert [(e.attempt, e.type) for e in state.errors] == [(1, "net.Timeout"), (2, "net.Timeout")]
+    assert seen[2]["idempotency_key"] == "order-7"

@@ -36,7 +36,7 @@ from celery.worker import state as worker_state
 import celery_ext._attempt as attempt_module
 import celery_ext._deadletter as deadletter_module
 from ojs_adapters.backend_retry import FAILURES_REGISTRY
-from tests.brokers import AMQP_URL, REDIS_URL, flaky_fault_test
+from tests.brokers import AMQP_URL, REDIS_URL
 from tests.celery_ext.support import RUNS, Broker, drain, register_tasks
 from tests.handoff.proxy import Proxy
 
@@ -111,7 +111,8 @@ def _until(probe: Callable[[], Any], *, timeout: float) -> Any:
 _CHILD = os.environ.get("OJS_HANDOFF_CHILD") == "1"
 
 
-@flaky_fault_test
+@pytest.mark.broker
+@pytest.mark.slow
 def test_issue11_cut_during_retry_and_dead_letter_publish_loses_nothing(
         kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs in a child process: in-process Celery workers share process-wide state, and
