@@ -90,7 +90,7 @@ def test_celery_bad_budget_name_fails_at_definition() -> None:
         return None
 
     with pytest.raises(OjsValidationError) as caught:
-        app.task(job, base=OjsTask, name="bad", retry_budget="")
+        app.task(job, base=OjsTask, name="bad", retry_budget="", shared=False)
         app.tasks["bad"]  # finalizing the app builds the task class
     assert caught.value.details["field"] == "retry_budget"
 
@@ -99,7 +99,7 @@ def test_celery_key_is_set_at_send_or_taken_from_the_caller() -> None:
     app = _celery_app()
     sent: list[dict[str, Any]] = []
 
-    @app.task(base=OjsTask, bind=True, name="keyed")
+    @app.task(base=OjsTask, bind=True, name="keyed", shared=False)
     def keyed(self: Any) -> str:
         return self.ojs.idempotency_key  # type: ignore[no-any-return]
 
