@@ -15,6 +15,7 @@ the test sees idempotency keys, attempt times and which process ran what:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -112,7 +113,7 @@ def workers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         yield Setup(request.param, config, runs, send, record, dead)
     finally:
         for proc in procs:
-            with _quiet():
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in procs:
             try:
@@ -124,14 +125,6 @@ def workers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             runs.client.delete(key)
         for key in runs.client.scan_iter(match=f"ojs:budget:{config.dependency}:*", count=500):
             runs.client.delete(key)
-
-
-class _quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return exc[0] is ProcessLookupError
 
 
 def _until(check: Callable[[], Any], *, timeout: float, what: str) -> Any:
