@@ -82,6 +82,9 @@ from kombu.transport.native_delayed_delivery import (
 )
 from kombu.utils.json import dumps
 
+from ojs_adapters._periodic import Periodic
+from ojs_adapters.delay_levels import binding_key, routable
+
 logger = logging.getLogger("celery_ext")
 
 #: App setting: park retries left to wait more than this many seconds (``None``: never).
@@ -139,15 +142,6 @@ def delivery_exchange(prefix: str) -> str:
     return f"{prefix}_{CELERY_DELAYED_DELIVERY_EXCHANGE}"
 
 
-def binding_key(queue: str) -> str:
-    """The key binding ``queue`` to the delivery exchange: 28 words of bits, then its name.
-
-    >>> binding_key("emails.high").count("*"), binding_key("emails.high")[-12:]
-    (28, '.emails.high')
-    """
-    return ".".join(["*"] * MAX_NUMBER_OF_BITS_TO_USE) + "." + queue
-
-
 def parking_producer(app: Any, conn: Any, *, queue: str, not_before: float) -> Any | None:
     """A producer of ``conn`` whose publish parks the message until ``not_before``.
 
@@ -166,7 +160,7 @@ def parking_producer(app: Any, conn: Any, *, queue: str, not_before: float) -> A
     park: _Park
     if driver == "redis":
         park = _RedisPark(queue, not_before)
-    elif driver == "amqp" and _routable(queue) and _TOPOLOGY.ensure(app, conn):
+    elif driver == "amqp" and routable(queue) and _TOPOLOGY.ensure(app, conn):
         park = _AmqpPark(queue, not_before, prefix_of(app))
     else:
         return None
@@ -185,13 +179,6 @@ def restore_delivery_info(message: Any, app: Any) -> None:
     bits = _BITS.match(key)
     if bits is not None and key[bits.end():]:
         info["exchange"], info["routing_key"] = "", key[bits.end():]
-
-
-def _routable(queue: str) -> bool:
-    """Whether ``queue`` can end a delay routing key (an AMQP short string, no wildcards)."""
-    words = queue.split(".")
-    return bool(queue) and len(binding_key(queue).encode()) <= 255 and not (
-        {"*", "#"} & set(words))
 
 
 class _Park:
@@ -317,8 +304,8 @@ class Mover:
         self.app = app
         self.interval = float(interval if interval is not None else
                               app.conf.get(POLL_SETTING) or DEFAULT_POLL)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._runner = Periodic("ojs-park-mover", self._round, self.interval,
+                                on_error=self._close, logger=logger)
         self._connection: Any = None
         self._script: Any = None
         self._client: Any = None
@@ -337,18 +324,11 @@ class Mover:
 
     def start(self) -> None:
         """Start the thread (a no-op if it runs)."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="ojs-park-mover")
-        self._thread.start()
+        self._runner.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread and close its connection."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._thread = None
+        self._runner.stop(timeout)
         self._close()
 
     def _redis(self) -> Any:
@@ -366,20 +346,10 @@ class Mover:
             with contextlib.suppress(Exception):  # closing a broken connection
                 connection.close()
 
-    def _run(self) -> None:
-        failing = False
-        while not self._stop.is_set():
-            try:
-                moved = self.move_due()
-                if moved:
-                    logger.debug("ojs-adapters: moved %d parked retries to their queues", moved)
-                failing = False
-            except Exception as error:  # never let the thread die: parked retries wait on it
-                if not failing:
-                    logger.warning("ojs-adapters: cannot move parked retries: %r", error)
-                failing = True
-                self._close()  # reconnect on the next round
-            self._stop.wait(self.interval)
+    def _round(self) -> None:
+        moved = self.move_due()  # an error: ``Periodic`` logs it and calls ``_close``
+        if moved:
+            logger.debug("ojs-adapters: moved %d parked retries to their queues", moved)
 
 
 class ParkingMover(bootsteps.StartStopStep):  # type: ignore[misc]  # celery has no hints
