@@ -9,6 +9,7 @@ in between, and must be *accepted* first:
   delay and ``.DQ`` routing are Dramatiq's (``eta`` option, ``dq_name``), and the
   broker's ``enqueue`` hooks run as for ``broker.enqueue``. Dramatiq's own
   ``enqueue`` can set neither headers nor confirms (unless ``confirm_delivery``).
+  A long retry goes to the delay levels instead of ``.DQ`` (``_parking``).
 - **Redis and the stub broker**: ``broker.enqueue``; a returned Redis write is the
   acceptance. The ``x-ojs-*`` names ride as message options (the Redis broker has
   no headers), as they also do on RabbitMQ.
@@ -32,6 +33,7 @@ from dramatiq.broker import Broker
 from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.message import Message
 
+from dramatiq_ext._parking import Parking
 from ojs_adapters.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
 
 #: Message option holding the token of one published copy.
@@ -46,8 +48,9 @@ class Publisher:
     5
     """
 
-    def __init__(self, retry: BackendRetry | None = None) -> None:
+    def __init__(self, retry: BackendRetry | None = None, parking: Parking | None = None) -> None:
         self.retry = retry or DEFAULT_BACKEND_RETRY
+        self.parking = parking or Parking(park_after=None)
         self._local = threading.local()
 
     def publish(self, broker: Broker, message: Message[Any], *, delay: int | None,
@@ -66,9 +69,12 @@ class Publisher:
 
     def publish_once(self, broker: Broker, message: Message[Any], delay: int | None,
                      headers: Mapping[str, Any]) -> None:
-        """One try: the broker's own ``enqueue``, or a confirmed AMQP publish with headers."""
+        """One try: the broker's own ``enqueue``, or a confirmed AMQP publish with headers;
+        a long retry is parked (``_parking``)."""
         if _is_rabbitmq(broker):
             self._publish_amqp(broker, message, delay, headers)
+        elif delay is not None and self.parking.wants(delay) and is_redis(broker):
+            self.parking.park_redis(broker, message, delay)
         else:
             broker.enqueue(message, delay=delay)
 
@@ -86,12 +92,19 @@ class Publisher:
         properties = pika.BasicProperties(
             delivery_mode=2, priority=message.options.get("broker_priority"),
             headers={k: v for k, v in headers.items() if v is not None})
+        exchange, routing_key = "", message.queue_name
         try:
+            if delay is not None and self.parking.wants(delay):
+                parked = self.parking.amqp_route(broker, channel, message.queue_name, delay)
+                if parked is not None:
+                    exchange, routing_key = parked
             # Blocks for the confirm; raises on nack, on a return (mandatory) and on a lost link.
-            channel.basic_publish(exchange="", routing_key=message.queue_name,
+            channel.basic_publish(exchange=exchange, routing_key=routing_key,
                                   body=message.encode(), properties=properties, mandatory=True)
         except Exception:
             self._drop_channel()
+            if exchange:
+                self.parking.forget_levels()  # declared again on the next try
             raise
         broker.emit_after("enqueue", message, delay)
 
@@ -121,6 +134,14 @@ class Publisher:
     def close(self) -> None:
         """Close this thread's channel (other threads' close with their connections)."""
         self._drop_channel()
+
+
+def is_redis(broker: Broker) -> bool:
+    try:
+        from dramatiq.brokers.redis import RedisBroker
+    except ImportError:  # dramatiq without its redis extra
+        return False
+    return isinstance(broker, RedisBroker)
 
 
 def _is_rabbitmq(broker: Broker) -> bool:

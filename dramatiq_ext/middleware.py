@@ -107,7 +107,7 @@ from dramatiq.middleware import Middleware, MiddlewareError, Retries, SkipMessag
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from dramatiq_ext._context import clear_current_job, set_current_job
-from dramatiq_ext._handoff import TOKEN_OPTION, Publisher
+from dramatiq_ext._handoff import TOKEN_OPTION, Publisher, is_redis
 from dramatiq_ext._lease import HEARTBEAT, WAIT_SECONDS, lease_ms, time_limit_paused
 from dramatiq_ext._options import (
     BUDGET_OPTION,
@@ -122,6 +122,7 @@ from dramatiq_ext._options import (
     ensure_idempotency_key,
     policy_option,
 )
+from dramatiq_ext._parking import DEFAULT_PARK_AFTER, DEFAULT_PREFIX, Parking
 from dramatiq_ext._rabbitmq_acks import guard_acks
 from dramatiq_ext._redis_delays import recover_delays
 from dramatiq_ext._state import STATE_OPTION, MessageState, to_millis, with_countdown
@@ -238,6 +239,9 @@ class OjsRetries(Middleware):
         (``ojs_adapters.backend_retry.BackendRetry``; 5 tries from 100 ms).
       retry_budgets: The budgets actors name with ``retry_budget=`` (R-7); by default
         shared through the broker's Redis on a ``RedisBroker``, else per process.
+      park_after: Retries waiting longer than this many seconds wait on the broker, not
+        in a worker (``_parking``, RET-11); ``None``: Dramatiq's delay queue for all.
+      park_prefix: Name prefix of the RabbitMQ delay levels (``<prefix>_dramatiq_delayed_*``).
 
     Example::
 
@@ -260,6 +264,8 @@ class OjsRetries(Middleware):
         record_ttl: int = DEFAULT_RECORD_TTL,
         backend_retry: BackendRetry | None = None,
         retry_budgets: RetryBudgets | None = None,
+        park_after: float | None = DEFAULT_PARK_AFTER,
+        park_prefix: str = DEFAULT_PREFIX,
     ) -> None:
         self.logger = logging.getLogger(f"{__name__}.{type(self).__name__}")
         self.default_policy = policy_option(default_policy, base=RetryPolicy(),
@@ -268,7 +274,8 @@ class OjsRetries(Middleware):
         self.history_limit = max(history_limit, MIN_HISTORY)
         self.record_ttl = record_ttl
         self.backend_retry = backend_retry or BackendRetry()
-        self.publisher = Publisher(self.backend_retry)
+        self.parking = Parking(park_after, park_prefix)
+        self.publisher = Publisher(self.backend_retry, self.parking)
         self._store = store
         self._stores: weakref.WeakKeyDictionary[Broker, RecordStore] = weakref.WeakKeyDictionary()
         self._stores_lock = threading.Lock()
@@ -330,6 +337,13 @@ class OjsRetries(Middleware):
         self._claim(broker)
         recover_delays(broker)  # Redis: held retries come back after a lost link (issue 8)
         guard_acks(broker)  # RabbitMQ: no late ack lands on another message (issue 11)
+
+    def after_worker_boot(self, broker: Broker, worker: Any) -> None:
+        if self.parking.park_after is not None and is_redis(broker):
+            self.parking.start_mover(broker)  # parked retries reach .DQ when due (issue 8)
+
+    def after_worker_shutdown(self, broker: Broker, worker: Any) -> None:
+        self.parking.stop_mover(broker)
 
     # -- processing ---------------------------------------------------------------------
 

@@ -1,0 +1,257 @@
+"""Parking: a long Dramatiq retry waits on the broker, not in a worker (RET-11, issue 8).
+
+Dramatiq sends a delayed message to ``<queue>.DQ`` with an ``eta`` option. A worker
+fetches it at once and holds it, unacked, in an in-memory delay queue until it is
+due (up to its delay prefetch: 1,000 per worker thread), then enqueues it on
+``<queue>`` and acks. A long retry therefore costs worker memory, and on RabbitMQ a
+delivery held longer than ``consumer_timeout`` (30 min by default) closes its
+channel, and every message unacked on it comes back.
+
+So a retry that must wait more than ``park_after`` seconds (``OjsRetries(park_after=)``,
+default 60; ``None`` turns parking off) is *parked*: the very message ``enqueue``
+would put on ``<queue>.DQ`` (same body, options and ``eta``) waits on the broker,
+where no consumer sees it, and reaches ``<queue>.DQ`` less than a second before it
+is due. The worker holds it for that remainder, and Dramatiq's own ``eta`` handling
+still guards "never before the delay". The decision and the record keep the exact
+countdown; parking only changes where the message waits.
+
+- **Redis**: the sorted set ``<namespace>:_ojs.parked``, one member per message
+  (JSON ``[queue, redis message id, message data]``) scored by its ``eta`` in
+  seconds. Each worker process runs a ``Mover`` from boot to shutdown: every
+  ``POLL_SECONDS`` one Lua script moves the entries due within ``LEAD`` seconds
+  into ``<queue>.DQ`` exactly as Dramatiq's ``enqueue`` command does (``HSET`` the
+  data, ``RPUSH`` the id) and removes them from the set, atomically: nothing lost,
+  nothing moved twice by two workers, as durable as the Redis (use AOF). With no
+  worker running, parked retries wait in the set.
+- **RabbitMQ**: the binary delay levels of ``ojs_adapters.delay_levels`` named
+  ``<prefix>_dramatiq_delayed_<n>`` (``park_prefix``, default ``ojs``): 28 quorum
+  queues (at-least-once dead-lettering: a broker crash between two levels loses
+  nothing, and the attempt claim drops a doubled copy) declared once per process
+  and broker. ``<queue>.DQ`` is bound to the delivery exchange before each park,
+  and the message is published to the top level with the hand-off's publisher
+  confirms, ``mandatory`` (a level deleted under us returns it: an error, tried
+  again). One set of levels serves every queue and any delay up to 2**28 s.
+
+A wait not over the threshold, the stub broker, or RabbitMQ levels that cannot be
+declared (other arguments, a broker older than 3.10: logged, tried again after
+``RETRY_DECLARE`` s) leave the retry to Dramatiq's own delay queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+import weakref
+from typing import Any
+
+from dramatiq.common import current_millis, dq_name, q_name
+from dramatiq.message import Message
+
+from ojs_adapters._periodic import Periodic
+from ojs_adapters.delay_levels import (
+    MAX_SECONDS,
+    TOP_LEVEL,
+    DelayLevels,
+    binding_key,
+    routable,
+    routing_key,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Default threshold: retries waiting longer than this many seconds are parked.
+DEFAULT_PARK_AFTER = 60.0
+#: Default name prefix of the RabbitMQ delay levels.
+DEFAULT_PREFIX = "ojs"
+#: The Redis sorted set of parked messages, under the broker's namespace.
+PARKED_KEY = "_ojs.parked"
+#: Redis entries due within this many seconds are moved (the worker holds them until due).
+LEAD = 1.0
+#: Seconds between two rounds of a ``Mover``.
+POLL_SECONDS = 0.5
+#: Most entries one script run moves.
+BATCH = 500
+#: Seconds before a failed declaration of the RabbitMQ levels is tried again.
+RETRY_DECLARE = 60.0
+
+#: Moves the due entries of KEYS[1] (score <= ARGV[2], at most ARGV[3]) into their
+#: queues under namespace ARGV[1], as dispatch.lua's ``enqueue`` command does.
+_MOVE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
+for _, member in ipairs(due) do
+  local entry = cjson.decode(member)
+  local queue = ARGV[1] .. ':' .. entry[1]
+  redis.call('HSET', queue .. '.msgs', entry[2], entry[3])
+  redis.call('RPUSH', queue, entry[2])
+  redis.call('ZREM', KEYS[1], member)
+end
+return #due
+"""
+
+
+def parked_key(broker: Any) -> str:
+    """The parked set of a ``RedisBroker``."""
+    return f"{broker.namespace}:{PARKED_KEY}"
+
+
+class Parking:
+    """Where an ``OjsRetries`` parks long retries; see the module docstring.
+
+    >>> Parking(park_after=60).wants(60_001), Parking(park_after=60).wants(60_000)
+    (True, False)
+    >>> Parking(park_after=None).wants(10**9)
+    False
+    """
+
+    def __init__(self, park_after: float | None = DEFAULT_PARK_AFTER,
+                 prefix: str = DEFAULT_PREFIX) -> None:
+        self.park_after = None if park_after is None else max(1.0, float(park_after))
+        self.levels = DelayLevels(f"{prefix}_dramatiq_delayed")
+        self._lock = threading.Lock()
+        self._declared: set[tuple[int, str]] = set()
+        self._failed: dict[tuple[int, str], float] = {}
+        self._movers: weakref.WeakKeyDictionary[Any, tuple[Mover, int]] = (
+            weakref.WeakKeyDictionary())
+
+    def wants(self, delay_ms: int | None) -> bool:
+        """Whether a retry due in ``delay_ms`` milliseconds is parked."""
+        return self.park_after is not None and delay_ms is not None and \
+            delay_ms > self.park_after * 1000
+
+    # -- Redis ------------------------------------------------------------------------
+
+    def park_redis(self, broker: Any, message: Message[Any], delay: int) -> None:
+        """Add to the parked set what ``RedisBroker.enqueue(message, delay=delay)`` would
+        put on ``<queue>.DQ``; the ``enqueue`` hooks run as they would."""
+        redis_id = str(uuid.uuid4())  # as ``enqueue``: one Redis id per copy
+        eta = current_millis() + delay
+        message = message.copy(queue_name=dq_name(q_name(message.queue_name)),
+                               options={"redis_message_id": redis_id, "eta": eta})
+        broker.emit_before("enqueue", message, delay)
+        member = json.dumps([message.queue_name, redis_id, message.encode().decode()])
+        broker.client.zadd(parked_key(broker), {member: eta / 1000})
+        broker.emit_after("enqueue", message, delay)
+
+    def start_mover(self, broker: Any) -> None:
+        """Run a ``Mover`` for ``broker`` while at least one worker on it runs."""
+        with self._lock:
+            mover, users = self._movers.get(broker) or (Mover(broker), 0)
+            self._movers[broker] = (mover, users + 1)
+        mover.start()
+
+    def stop_mover(self, broker: Any) -> None:
+        """One worker on ``broker`` stopped: the last one stops its ``Mover``."""
+        with self._lock:
+            mover, users = self._movers.get(broker) or (None, 0)
+            if mover is None:
+                return
+            if users > 1:
+                self._movers[broker] = (mover, users - 1)
+                return
+            del self._movers[broker]
+        mover.stop()
+
+    # -- RabbitMQ ---------------------------------------------------------------------
+
+    def amqp_route(self, broker: Any, channel: Any, queue_name: str,
+                   delay: int) -> tuple[str, str] | None:
+        """The exchange and routing key that park a message for ``queue_name`` (a ``.DQ``)
+        for ``delay`` ms, after binding that queue to the delivery exchange; ``None``:
+        publish it as Dramatiq would (not routable, or the levels are unavailable)."""
+        seconds = min((delay - 1) // 1000, MAX_SECONDS)  # arrive < 1 s before the eta
+        if seconds < 1 or not routable(queue_name) or not self._declare(broker, channel):
+            return None
+        channel.queue_bind(queue=queue_name, exchange=self.levels.delivery,
+                           routing_key=binding_key(queue_name))
+        return self.levels.level(TOP_LEVEL), routing_key(seconds, queue_name)
+
+    def forget_levels(self) -> None:
+        """Declare the levels again on their next use (after a failed park)."""
+        with self._lock:
+            self._declared.clear()
+
+    def _declare(self, broker: Any, channel: Any) -> bool:
+        """Declare the levels on ``channel``'s connection once per process and broker.
+
+        A channel error (levels with other arguments, an old broker) is logged and
+        parks nothing for ``RETRY_DECLARE`` s; a connection error is raised (the
+        hand-off tries again).
+        """
+        import pika.exceptions
+
+        key = (os.getpid(), str(getattr(broker, "parameters", "")))
+        with self._lock:
+            if key in self._declared:
+                return True
+            if time.monotonic() - self._failed.get(key, -RETRY_DECLARE) < RETRY_DECLARE:
+                return False
+            side = channel.connection.channel()  # a failed declare closes its channel
+            try:
+                _declare_topology(side, self.levels)
+            except pika.exceptions.ChannelClosed as error:
+                self._failed[key] = time.monotonic()
+                logger.error("Cannot declare the RabbitMQ delay levels %s_*: %r; long retries "
+                             "wait in the worker.", self.levels.base, error)
+                return False
+            finally:
+                if side.is_open:
+                    side.close()
+            self._declared.add(key)
+            return True
+
+
+def _declare_topology(channel: Any, levels: DelayLevels) -> None:
+    """Declare the delay levels with pika: quorum queues, topic exchanges, bindings."""
+    topology = levels.topology()
+    for exchange in topology.exchanges:
+        channel.exchange_declare(exchange=exchange, exchange_type="topic", durable=True)
+    for queue in topology.queues:
+        channel.queue_declare(queue=queue.name, durable=True, arguments={
+            "x-queue-type": "quorum", "x-overflow": "reject-publish",
+            "x-message-ttl": queue.ttl_ms, "x-dead-letter-exchange": queue.dead_letter_exchange,
+            "x-dead-letter-strategy": "at-least-once"})
+    for binding in topology.queue_bindings:
+        channel.queue_bind(queue=binding.destination, exchange=binding.source,
+                           routing_key=binding.routing_key)
+    for binding in topology.exchange_bindings:
+        channel.exchange_bind(destination=binding.destination, source=binding.source,
+                              routing_key=binding.routing_key)
+
+
+class Mover:
+    """Moves the due entries of a ``RedisBroker``'s parked set into their ``.DQ`` queues."""
+
+    def __init__(self, broker: Any, interval: float = POLL_SECONDS) -> None:
+        self.broker = broker
+        self.interval = interval
+        self._script = broker.client.register_script(_MOVE)
+        self._runner = Periodic("ojs-dramatiq-park-mover", self._round, interval,
+                                logger=logger)
+
+    def move_due(self, now: float | None = None) -> int:
+        """Move every entry due by ``now + LEAD`` (default: the time now); how many moved."""
+        horizon = (time.time() if now is None else now) + max(LEAD, self.interval)
+        moved = 0
+        while True:
+            count = int(self._script(keys=[parked_key(self.broker)],
+                                     args=[self.broker.namespace, repr(horizon), BATCH]))
+            moved += count
+            if count < BATCH:
+                return moved
+
+    def start(self) -> None:
+        """Start moving, from a daemon thread."""
+        self._runner.start()
+
+    def stop(self) -> None:
+        """Stop moving."""
+        self._runner.stop()
+
+    def _round(self) -> None:
+        moved = self.move_due()
+        if moved:
+            logger.debug("Moved %d parked retries to their delay queues.", moved)
