@@ -35,6 +35,8 @@ class Config:
     runs: str
     #: Redis ``visibility_timeout`` (seconds) of the broker transport.
     visibility: float = 3600.0
+    #: ``ojs_park_after``: retries waiting longer are parked on the broker (``None``: never).
+    park_after: float | None = 60.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -55,6 +57,7 @@ def build_app(config: Config) -> Celery:
         broker_connection_max_retries=None,
         worker_enable_remote_control=False,
         worker_hijack_root_logger=False,
+        ojs_park_after=config.park_after,
     )
     log = RunLog(Path(config.runs))
 

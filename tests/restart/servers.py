@@ -133,7 +133,9 @@ class PrivateRedis:
 class PrivateRabbit:
     """A RabbitMQ node of our own: see the module docstring."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, rabbit_env: dict[str, int] | None = None) -> None:
+        """``rabbit_env``: settings of the ``rabbit`` application (``advanced.config``),
+        e.g. ``{"consumer_timeout": 2500, "channel_tick_interval": 250}``."""
         scripts = rabbitmq_scripts()
         assert scripts is not None, "rabbitmq-server is not installed"
         self.scripts = scripts
@@ -148,6 +150,8 @@ class PrivateRabbit:
         (folder / "rabbitmq.conf").write_text(
             f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
             "log.console = false\n")
+        settings = ", ".join(f"{{{k}, {v}}}" for k, v in (rabbit_env or {}).items())
+        (folder / "advanced.config").write_text(f"[{{rabbit, [{settings}]}}].\n")
         (folder / "rabbitmq-env.conf").write_text("")  # not /etc/rabbitmq's (its node name)
         cookie = folder / ".erlang.cookie"
         cookie.write_text(secrets.token_hex(16))
@@ -164,6 +168,7 @@ class PrivateRabbit:
             "RABBITMQ_DIST_PORT": str(self.dist_port),
             "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
             "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
             "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
             "RABBITMQ_LOG_BASE": str(base / "log"),

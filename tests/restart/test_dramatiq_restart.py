@@ -11,6 +11,10 @@ says its retry is on the broker (``handed_off``), the broker restarts:
 - RabbitMQ: the whole node stops and boots again; the unacked ``.DQ`` deliveries go
   back to their durable queue and are delivered again once the worker reconnects.
 
+Each cell runs twice: with the retries in the worker's delay queue as above, and
+parked on the broker (``park_after=1``: the Redis parked set with AOF, the RabbitMQ
+quorum delay levels; ``dramatiq_ext._parking``).
+
 Then each job must run attempt 2 exactly once and not before its delay (RET-11).
 """
 
@@ -23,6 +27,7 @@ from typing import Any
 import pytest
 from dramatiq.middleware import CurrentMessage
 
+from dramatiq_ext import OjsRetries
 from dramatiq_ext._state import MessageState
 from tests.dramatiq_ext.harness import make_env
 from tests.restart.servers import PrivateRabbit, PrivateRedis
@@ -42,10 +47,13 @@ REDIS_DOWN = 2.0
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
+@pytest.mark.parametrize("where", ["worker", "parked"])
 @pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
 def test_issue8_dramatiq_jobs_waiting_for_retry_survive_a_broker_restart(
-        kind: str, request: pytest.FixtureRequest, private_redis: PrivateRedis,
+        kind: str, where: str, request: pytest.FixtureRequest, private_redis: PrivateRedis,
         tmp_path: Path) -> None:
+    """``where`` the retries wait: in the worker's delay queue, or parked on the broker
+    (``park_after=1``: the Redis parked set, the RabbitMQ delay levels)."""
     server: PrivateRedis | PrivateRabbit = (
         private_redis if kind == "redis" else request.getfixturevalue("private_rabbit"))
     urls = {"redis_url": private_redis.url}  # the broker, or the Results store of records
@@ -53,7 +61,8 @@ def test_issue8_dramatiq_jobs_waiting_for_retry_survive_a_broker_restart(
         urls["amqp_url"] = server.url
     log = RunLog(tmp_path / "runs")
     keys = [f"job-{i}" for i in range(JOBS)]
-    with make_env(kind, extra=[CurrentMessage()], **urls) as env:
+    ojs = OjsRetries(jitter_source=lambda: 0.5, park_after=1.0 if where == "parked" else None)
+    with make_env(kind, extra=[CurrentMessage()], ojs=ojs, **urls) as env:
         def job(key: str) -> str:
             message = CurrentMessage.get_current_message()
             assert message is not None
@@ -74,6 +83,8 @@ def test_issue8_dramatiq_jobs_waiting_for_retry_survive_a_broker_restart(
 
         assert_in_backoff(wait_for(all_waiting, timeout=DELAY + 20,
                                    what="every job waits for a retry"))
+        held = sum(c.delay_queue.qsize() for c in env.workers[0].consumers.values())
+        assert held == (0 if where == "parked" else JOBS)  # where the retries wait
         server.restart(down_for=REDIS_DOWN if kind == "redis" else 0.0)
         if kind == "rabbitmq":
             del env.broker.connection  # this thread's link died with the node: a fresh one
@@ -87,5 +98,5 @@ def test_issue8_dramatiq_jobs_waiting_for_retry_survive_a_broker_restart(
         time.sleep(1.0)  # a duplicate delivery, were there one, would run now
         elapsed = time.monotonic() - started
     runs = log.runs()
-    print(f"\ndramatiq {kind}: {len(runs)} runs of {JOBS} jobs, {elapsed:.1f}s")
+    print(f"\ndramatiq {kind} ({where}): {len(runs)} runs of {JOBS} jobs, {elapsed:.1f}s")
     verdict(keys, runs)
