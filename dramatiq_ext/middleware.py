@@ -14,7 +14,8 @@ executes the ``Decision``; it never reasons about the policy itself.
 - **Retry.** A failed attempt goes to ``decide``; ``retry`` re-enqueues a copy of the
   message (same id, queue, options, ``broker_priority``) with ``delay`` = the decision's
   seconds in whole milliseconds rounded up (RET-11), and ``options["ojs"]`` carrying
-  the next attempt number and the history.
+  the next attempt number and the history. A retry due in more than ``park_after``
+  seconds (60) waits on the broker, not in a worker's delay queue (``_parking``).
 - **Dead letter.** Dramatiq dead-letters with ``message.fail()``; the broker then moves
   the body it *stored* to ``<queue>.XQ`` (the Redis ``.msgs`` hash entry, the RabbitMQ
   delivery), not the options changed in memory. So a ``dead_letter`` decision enqueues

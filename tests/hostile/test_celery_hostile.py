@@ -1,4 +1,6 @@
-"""Hand-crafted hostile ``ojs`` headers on a real Celery worker (memory broker, issue 8).
+"""Hand-crafted hostile ``ojs`` headers on a real Celery worker (memory broker and Redis,
+issue 8). Not RabbitMQ: AMQP headers must fit in one frame (128 KiB by default), so the
+broker itself refuses the 10 MB header at publish; it never reaches a worker.
 
 Each message ends as ``celery_ext._headers`` documents: an unreadable header or
 attempt is dead-lettered unrun with an ``INVALID_PAYLOAD`` entry; a huge history,
@@ -17,7 +19,14 @@ from celery.contrib.testing.worker import start_worker
 
 from celery_ext import HEADER, get_job_record
 from ojs_adapters import JobRecord
-from tests.celery_ext.support import RUNS, Broker, drain, register_tasks, wait_for
+from tests.celery_ext.support import (
+    RUNS,
+    Broker,
+    broker_named,
+    drain,
+    register_tasks,
+    wait_for,
+)
 
 HUGE_HISTORY = [{"attempt": i, "code": "HANDLER_ERROR", "type": "E", "message": "m"}
                 for i in range(1, 100_001)]
@@ -46,15 +55,18 @@ BOUNDED = {
 }
 
 
-@pytest.fixture
-def worker() -> Iterator[tuple[Any, Any, str]]:
-    broker = Broker("memory", "memory://", "cache+memory://")
+@pytest.fixture(params=["memory", "redis"])
+def worker(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any, str]]:
+    broker: Broker = broker_named(request.param)
     app = broker.make_app("ojs-hostile")
     task = register_tasks(app)["scripted"]
     queue = broker.queue_name("hostile")
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      queues=[queue], loglevel="ERROR", shutdown_timeout=10):
-        yield app, task, queue
+    try:
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                          queues=[queue], loglevel="ERROR", shutdown_timeout=10):
+            yield app, task, queue
+    finally:
+        broker.cleanup(app)
 
 
 def _record(app: Any, task_id: str) -> JobRecord:

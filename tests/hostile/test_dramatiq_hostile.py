@@ -1,4 +1,5 @@
-"""Hand-crafted hostile ``options["ojs"]`` on a real Dramatiq worker (StubBroker, issue 8).
+"""Hand-crafted hostile ``options["ojs"]`` on a real Dramatiq worker (StubBroker, Redis and
+RabbitMQ, issue 8).
 
 The messages are put on the queue as a foreign producer would (no ``before_enqueue``
 validation). Each ends as ``dramatiq_ext._state`` documents: an unreadable state or
@@ -9,14 +10,17 @@ are bounded or ignored and the job runs; the worker keeps serving plain jobs.
 
 from __future__ import annotations
 
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from dramatiq.message import Message
 
 from ojs_adapters.history import MAX_DECODED_ENTRIES
-from tests.dramatiq_ext.harness import Env, make_env
+from tests.dramatiq_ext.conftest import open_env
+from tests.dramatiq_ext.harness import Env
 
 HUGE_HISTORY = [{"attempt": i, "code": "HANDLER_ERROR", "type": "E", "message": "m"}
                 for i in range(1, 100_001)]
@@ -44,10 +48,27 @@ BOUNDED: dict[str, dict[str, Any]] = {
 FAILING = {"invalid-policy", "policy-not-object"}
 
 
-@pytest.fixture
+@pytest.fixture(params=["stub", "redis", "rabbitmq"])
 def env(request: pytest.FixtureRequest) -> Iterator[Env]:
-    with make_env("stub") as env:
-        yield env
+    yield from open_env(request, request.param)
+
+
+def put_raw(env: Env, message: Message[Any]) -> None:
+    """Put ``message`` on its queue as a foreign producer would: no ``enqueue`` hooks,
+    so no ``before_enqueue`` validation."""
+    if env.kind == "stub":
+        env.broker.queues[env.queue].put(message.encode())
+    elif env.kind == "redis":
+        redis_id = str(uuid.uuid4())
+        message = message.copy(options={"redis_message_id": redis_id})
+        env.broker.do_enqueue(env.queue, redis_id, message.encode())
+    else:
+        import pika
+
+        env.broker.declare_queue(env.queue, ensure=True)
+        env.broker.channel.basic_publish(exchange="", routing_key=env.queue,
+                                         body=message.encode(),
+                                         properties=pika.BasicProperties(delivery_mode=2))
 
 
 def test_hostile_options_end_as_documented_and_the_worker_moves_on(env: Env) -> None:
@@ -63,7 +84,7 @@ def test_hostile_options_end_as_documented_and_the_worker_moves_on(env: Env) -> 
     sent = {}
     for name, options in {**INVALID, **BOUNDED}.items():
         message = actor.message(name).copy(options=options)
-        env.broker.queues[env.queue].put(message.encode())  # as a foreign producer would
+        put_raw(env, message)
         sent[name] = message.message_id
     plain = actor.send("plain").message_id
     env.start()
