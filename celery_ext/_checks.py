@@ -26,8 +26,10 @@ from typing import Any
 from celery import signals
 
 from celery_ext._heartbeat import HEARTBEAT_SETTING
-from celery_ext._parking import park_after
+from celery_ext._parking import PARK_SETTING, park_after
 from celery_ext.records import RecordStore
+from ojs_adapters.errors import OjsValidationError
+from ojs_adapters.parking import DEFAULT_PARK_AFTER, park_threshold
 
 logger = logging.getLogger("celery_ext")
 
@@ -57,6 +59,10 @@ def check_worker_settings(app: Any) -> list[str]:
                         "get_job_record() and crash counting are off (use e.g. redis://)")
     if app.conf.task_always_eager:
         problems.append("task_always_eager runs retries at once and ignores countdowns")
+    try:
+        park_threshold(app.conf.get(PARK_SETTING, DEFAULT_PARK_AFTER), field=PARK_SETTING)
+    except OjsValidationError as error:
+        problems.append(f"{error.message} (the default, {DEFAULT_PARK_AFTER:g}s, applies)")
     problems.extend(_redis_visibility_problems(app, tasks))
     return problems
 

@@ -84,12 +84,13 @@ from kombu.utils.json import dumps
 
 from ojs_adapters._periodic import Periodic
 from ojs_adapters.delay_levels import binding_key, routable
+from ojs_adapters.errors import OjsValidationError
+from ojs_adapters.parking import DEFAULT_PARK_AFTER, LEAD, park_threshold
 
 logger = logging.getLogger("celery_ext")
 
 #: App setting: park retries left to wait more than this many seconds (``None``: never).
 PARK_SETTING = "ojs_park_after"
-DEFAULT_PARK_AFTER = 60.0
 #: App setting: name prefix of the RabbitMQ delay levels and delivery exchange.
 PREFIX_SETTING = "ojs_park_prefix"
 DEFAULT_PREFIX = "ojs"
@@ -98,8 +99,6 @@ POLL_SETTING = "ojs_park_poll_interval"
 DEFAULT_POLL = 0.5
 #: The Redis sorted set of parked envelopes (kombu's client adds the ``global_keyprefix``).
 PARKED_KEY = "_ojs.parked"
-#: Redis entries due within this many seconds are moved (the worker holds them until due).
-LEAD = 1.0
 #: Most entries one script run moves.
 BATCH = 500
 #: Longest park on RabbitMQ (28 bits of seconds); a longer countdown waits the rest natively.
@@ -125,11 +124,15 @@ return #due
 
 
 def park_after(app: Any) -> float | None:
-    """The app's parking threshold in seconds (at least 1), or ``None`` if parking is off."""
-    value = app.conf.get(PARK_SETTING, DEFAULT_PARK_AFTER)
-    if value is None or value is False:
-        return None
-    return max(1.0, float(value))
+    """The app's parking threshold in seconds (at least 1), or ``None`` if parking is off.
+
+    An invalid setting falls back to the default (the worker-start check reports it):
+    the retry being handed off is no place to fail.
+    """
+    try:
+        return park_threshold(app.conf.get(PARK_SETTING, DEFAULT_PARK_AFTER), field=PARK_SETTING)
+    except OjsValidationError:
+        return DEFAULT_PARK_AFTER
 
 
 def prefix_of(app: Any) -> str:

@@ -137,6 +137,7 @@ class Publisher:
 
 
 def is_redis(broker: Broker) -> bool:
+    """Whether ``broker`` is Dramatiq's ``RedisBroker`` (``False`` without its extra)."""
     try:
         from dramatiq.brokers.redis import RedisBroker
     except ImportError:  # dramatiq without its redis extra

@@ -18,11 +18,12 @@ countdown; parking only changes where the message waits.
 - **Redis**: the sorted set ``<namespace>:_ojs.parked``, one member per message
   (JSON ``[queue, redis message id, message data]``) scored by its ``eta`` in
   seconds. Each worker process runs a ``Mover`` from boot to shutdown: every
-  ``POLL_SECONDS`` one Lua script moves the entries due within ``LEAD`` seconds
+  ``POLL_SECONDS`` one Lua script moves the entries due within ``LEAD`` (1) seconds
   into ``<queue>.DQ`` exactly as Dramatiq's ``enqueue`` command does (``HSET`` the
   data, ``RPUSH`` the id) and removes them from the set, atomically: nothing lost,
   nothing moved twice by two workers, as durable as the Redis (use AOF). With no
-  worker running, parked retries wait in the set.
+  worker running, parked retries wait in the set. Unlike ``RedisBroker.enqueue``'s
+  delays, a parked retry may wait longer than 7 days.
 - **RabbitMQ**: the binary delay levels of ``ojs_adapters.delay_levels`` named
   ``<prefix>_dramatiq_delayed_<n>`` (``park_prefix``, default ``ojs``): 28 quorum
   queues (at-least-once dead-lettering: a broker crash between two levels loses
@@ -60,17 +61,15 @@ from ojs_adapters.delay_levels import (
     routable,
     routing_key,
 )
+from ojs_adapters.errors import OjsValidationError
+from ojs_adapters.parking import DEFAULT_PARK_AFTER, LEAD, park_threshold
 
 logger = logging.getLogger(__name__)
 
-#: Default threshold: retries waiting longer than this many seconds are parked.
-DEFAULT_PARK_AFTER = 60.0
 #: Default name prefix of the RabbitMQ delay levels.
 DEFAULT_PREFIX = "ojs"
 #: The Redis sorted set of parked messages, under the broker's namespace.
 PARKED_KEY = "_ojs.parked"
-#: Redis entries due within this many seconds are moved (the worker holds them until due).
-LEAD = 1.0
 #: Seconds between two rounds of a ``Mover``.
 POLL_SECONDS = 0.5
 #: Most entries one script run moves.
@@ -109,7 +108,12 @@ class Parking:
 
     def __init__(self, park_after: float | None = DEFAULT_PARK_AFTER,
                  prefix: str = DEFAULT_PREFIX) -> None:
-        self.park_after = None if park_after is None else max(1.0, float(park_after))
+        self.park_after = park_threshold(park_after, field="park_after")
+        if not isinstance(prefix, str) or not prefix:
+            raise OjsValidationError(f"park_prefix must be a non-empty string; got {prefix!r:.64}",
+                                     code="INVALID_ARGS", details={
+                                         "field": "park_prefix", "value": f"{prefix!r:.64}",
+                                         "rule": "non-empty string"})
         self.levels = DelayLevels(f"{prefix}_dramatiq_delayed")
         self._lock = threading.Lock()
         self._declared: set[tuple[int, str]] = set()

@@ -123,7 +123,7 @@ from dramatiq_ext._options import (
     ensure_idempotency_key,
     policy_option,
 )
-from dramatiq_ext._parking import DEFAULT_PARK_AFTER, DEFAULT_PREFIX, Parking
+from dramatiq_ext._parking import DEFAULT_PREFIX, Parking
 from dramatiq_ext._rabbitmq_acks import guard_acks
 from dramatiq_ext._redis_delays import recover_delays
 from dramatiq_ext._state import STATE_OPTION, MessageState, to_millis, with_countdown
@@ -155,6 +155,7 @@ from ojs_adapters.errors import OjsBackendError
 from ojs_adapters.handoff import Claim, attempt_id, error_headers, handed_off, judge_delivery
 from ojs_adapters.history import utc_now
 from ojs_adapters.keys import read_idempotency_key
+from ojs_adapters.parking import DEFAULT_PARK_AFTER
 
 #: A zero-argument callable returning the jitter sample u in [0, 1).
 JitterSource = Callable[[], float]

@@ -148,6 +148,9 @@ def test_worker_settings_check_names_each_problem() -> None:
     for needle in ("longest retry countdown (60s)", "longest time limit (45s)"):
         assert needle in problems
     assert check_worker_settings(_app()) == []
+    app.conf.ojs_park_after = "soon"  # reported; retries then park after the default 60 s
+    assert "ojs_park_after must be a number of seconds > 0" in " | ".join(
+        check_worker_settings(app))
 
 
 def test_worker_start_logs_each_problem(caplog: pytest.LogCaptureFixture) -> None:

@@ -114,3 +114,13 @@ def test_dramatiq_retry_delay_is_a_floor_on_the_policy_delay(stub_env: Env) -> N
     record = stub_env.wait_record(message.message_id)
     assert record.extra["delays_ms"] == [120]
     assert calls[1] - calls[0] >= 0.12
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    ({"park_after": "soon"}, "park_after"), ({"park_after": -1}, "park_after"),
+    ({"park_prefix": ""}, "park_prefix")])
+def test_bad_parking_options_are_refused_at_construction(options: dict[str, Any],
+                                                         field: str) -> None:
+    with pytest.raises(OjsValidationError) as refused:
+        OjsRetries(**options)
+    assert (refused.value.code, refused.value.details["field"]) == ("INVALID_ARGS", field)
