@@ -3,9 +3,11 @@
 Each measurement is a fresh process (``bench.memory_worker``), so one run's
 garbage does not inflate the next; the figure is the process's ``VmHWM`` (its
 peak RSS, producer included: the jobs are queued from the same process) and the
-growth over its idle RSS. Celery holds every countdown (ETA) message in the
-worker; Dramatiq holds up to ``delay_prefetch`` (1,000 per worker thread) and
-leaves the rest in the broker's delay queue.
+growth over its idle RSS. Natively, Celery holds every countdown (ETA) message in
+the worker, and Dramatiq up to ``delay_prefetch`` (1,000 per worker thread),
+leaving the rest in the broker's delay queue. With the adapters, a retry waiting
+longer than 60 s is parked on the broker (``celery_ext._parking``,
+``dramatiq_ext._parking``), so the OJS rows measure what parking saves.
 """
 
 from __future__ import annotations
