@@ -341,8 +341,10 @@ class OjsRetries(Middleware):
         guard_acks(broker)  # RabbitMQ: no late ack lands on another message (issue 11)
 
     def after_worker_boot(self, broker: Broker, worker: Any) -> None:
-        if self.parking.park_after is not None and is_redis(broker):
-            self.parking.start_mover(broker)  # parked retries reach .DQ when due (issue 8)
+        # Parked retries reach .DQ when due (issue 8); with parking off too, so that
+        # retries parked before it was turned off are not stranded.
+        if is_redis(broker):
+            self.parking.start_mover(broker)
 
     def after_worker_shutdown(self, broker: Broker, worker: Any) -> None:
         self.parking.stop_mover(broker)

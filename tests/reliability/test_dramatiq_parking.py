@@ -198,3 +198,19 @@ def test_parked_entries_are_moved_once_by_racing_movers_as_enqueue_would(
         if keys:
             broker.client.delete(*keys)
         broker.close()
+
+
+def test_retries_parked_before_parking_was_turned_off_still_run(redis_url: str) -> None:
+    from tests.dramatiq_ext.harness import make_env
+
+    runs = Runs()
+    ojs = OjsRetries(jitter_source=lambda: 0.5, park_after=None)
+    with make_env("redis", redis_url=redis_url, ojs=ojs) as env:
+        actor = env.actor(runs.job, retry_policy=POLICY)
+        message = actor.message().copy(options={"ojs": {"attempt": 2}})
+        Parking(park_after=1).park_redis(env.broker, message, 500)  # by an earlier worker
+        env.start(threads=1)
+        record = env.wait_record(message.message_id, timeout=10)
+        assert (record.state, record.attempt) == ("completed", 2)
+        assert runs.attempts(message.message_id) == {2: 1}
+        assert parked(env) == 0
