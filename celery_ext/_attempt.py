@@ -34,7 +34,13 @@ the ``Decision``; it makes no choice of its own.
   ``ojs_adapters.handoff.judge_delivery``: each copy first *claims* its attempt
   (``RecordStore.claim``); a copy that lost the claim, or whose attempt the record
   shows finished and handed off, is dropped (``Ignore``); a redelivered original
-  whose retry is not marked as handed off publishes it again.
+  whose retry is not marked as handed off publishes it again. Before it judges,
+  a delivery takes a lease on its attempt (``ojs_adapters.leases``, renewed every
+  second while it runs): a second delivery of a live attempt (RabbitMQ gives back
+  a running message when the consumer's connection drops; on Redis the visibility
+  heartbeat puts back the deliveries of a closed channel) waits for it instead of
+  counting a lost worker, and is dropped once the outcome is stored. A crashed
+  worker's lease lapses after 6 s; then the redelivery counts the lost attempt.
 - **Extensions** (issue 10): the job's idempotency key (``ojs`` header, else the
   task id) goes into the record and every retry's header, and ``self.ojs`` shows
   it to the body; a task naming a ``retry_budget`` counts each attempt that runs
@@ -90,6 +96,7 @@ from ojs_adapters.backend_retry import count_failure
 from ojs_adapters.claims import Begun, record_of
 from ojs_adapters.errors import OjsBackendError
 from ojs_adapters.handoff import Claim, attempt_id, error_headers, handed_off, judge_delivery
+from ojs_adapters.leases import HEARTBEAT, WAIT_SECONDS, lease, lease_ms
 
 logger = logging.getLogger("celery_ext")
 
@@ -115,26 +122,30 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     run = _Run(task)
     if run.state.invalid is not None:  # unreadable OJS state: dead-letter it unrun (_headers)
         run.fail(run.state.invalid, None)
-    previous = run.check_redelivery()
-    run.wait_for_countdown()
-    if not run.started_saved:
-        run.save(run.base.started(run.state.attempt))
-    run.start()
+    run.lease_attempt()  # alone on the attempt from here (ojs_adapters.leases)
     try:
-        result = task.run(*args, **kwargs)
-    except (Ignore, Reject):
-        # Celery control flow the handler chose, not an OJS failure: undo "active", so a
-        # requeued delivery starts this attempt afresh instead of counting as a crash.
-        run.restore(previous)
-        raise
-    except RetryRequested as request:
-        run.fail(_requested_failure(request), request.exc)
-    except (SoftTimeLimitExceeded, TimeLimitExceeded) as exc:
-        run.fail(describe_failure(exc, catalog_code="HANDLER_TIMEOUT"), exc)
-    except Exception as exc:
-        run.fail(exc, exc)
-    run.save(run.base.started(run.state.attempt).completed())
-    return result
+        previous = run.check_redelivery()
+        run.wait_for_countdown()
+        if not run.started_saved:
+            run.save(run.base.started(run.state.attempt))
+        run.start()
+        try:
+            result = task.run(*args, **kwargs)
+        except (Ignore, Reject):
+            # Celery control flow the handler chose, not an OJS failure: undo "active", so
+            # a requeued delivery starts this attempt afresh instead of counting as a crash.
+            run.restore(previous)
+            raise
+        except RetryRequested as request:
+            run.fail(_requested_failure(request), request.exc)
+        except (SoftTimeLimitExceeded, TimeLimitExceeded) as exc:
+            run.fail(describe_failure(exc, catalog_code="HANDLER_TIMEOUT"), exc)
+        except Exception as exc:
+            run.fail(exc, exc)
+        run.save(run.base.started(run.state.attempt).completed())
+        return result
+    finally:
+        HEARTBEAT.drop(run.holder)  # the outcome is stored: the lease lapses
 
 
 class _Run:
@@ -155,6 +166,7 @@ class _Run:
         self.dependency: str | None = getattr(type(task), "retry_budget", None)
         self.started_saved = False  # ``begin`` wrote the ``active`` record with the claim
         self.started_record: JobRecord | None = None  # what ``begin`` tried to write
+        self.holder = ""  # this delivery's lease holder, once it took the lease
         self.base = JobRecord(
             id=self.request.id, type=task.name, queue=self.queue,
             max_attempts=self.policy.max_attempts, errors=self.state.errors,
@@ -175,6 +187,38 @@ class _Run:
             replay_count=int(self.base.extra.get("replay_count") or 0)))
         if self.dependency is not None:
             budget_of(self.task.app, self.dependency).record_execution()
+
+    def lease_attempt(self) -> None:
+        """Take this delivery's lease on its attempt (``ojs_adapters.leases``), waiting,
+        nothing run, while another live delivery holds it: RabbitMQ hands a running
+        message out again when the consumer's connection drops, and judged at once it
+        would look like a crash. Returns without the lease once the record shows the
+        attempt over (this delivery is then a duplicate), or if the store keeps none.
+        The wait counts against a Celery time limit, which cannot be paused."""
+        key, holder = self.claim_key(), self.token()
+        taken = self._try_lease(key, holder)
+        if taken is False:
+            logger.warning("%s[%s]: another delivery of attempt %d is alive; waiting for it",
+                           self.task.name, self.request.id, self.state.attempt)
+            while taken is False:
+                if judge_delivery(self.load(), self.state.attempt, claim="mine") == "duplicate":
+                    return  # the holder's outcome is stored (its lease lapses)
+                time.sleep(WAIT_SECONDS)
+                taken = self._try_lease(key, holder)
+        if taken:
+            HEARTBEAT.hold(self.store, key, holder)
+            self.holder = holder
+
+    def _try_lease(self, key: str, holder: str) -> bool | None:
+        """One lease call, retried in place; ``None`` (go on without) if the store is out
+        of reach: the claim that follows waits for it, or requeues."""
+        try:
+            taken: bool | None = with_retry(
+                self.task.app, lambda: lease(self.store, key, holder, lease_ms()),
+                operation="lease attempt")
+        except Exception:
+            return None
+        return taken
 
     def check_redelivery(self) -> JobRecord | None:
         """Act on a delivery that repeats an attempt the record already knows about.

@@ -33,11 +33,14 @@ from celery.backends.rpc import RPCBackend
 from ojs_adapters import JobRecord
 from ojs_adapters.claims import Begun, begin_on_redis, claim_of
 from ojs_adapters.handoff import ORDERED_SAVE_LUA, Claim, record_rank
+from ojs_adapters.leases import LEASE_LUA
 
 #: Suffix of the record's key (key-value backends) or pseudo task id (others).
 RECORD_SUFFIX = ".ojs"
 #: Suffix of the key of an attempt's claim (``<task id>:<attempt>``).
 CLAIM_SUFFIX = ".ojs-claim"
+#: Suffix of the key of an attempt's lease (``ojs_adapters.leases``).
+LEASE_SUFFIX = ".ojs-lease"
 #: Result state under which non key-value backends hold a record.
 RECORD_STATE = "OJS_RECORD"
 
@@ -62,6 +65,7 @@ class RecordStore:
         self.enabled = not isinstance(backend, (DisabledBackend, RPCBackend))
         self._key_value = isinstance(backend, BaseKeyValueStoreBackend)
         self._ordered: Any = None  # the ordered save script, registered on first use
+        self._lease: Any = None  # the lease script, likewise
 
     def load(self, task_id: str) -> JobRecord | None:
         """The stored record, or ``None``."""
@@ -140,6 +144,18 @@ class RecordStore:
             record_key=self.backend.get_key_for_task(started.id, key=RECORD_SUFFIX),
             token=token, claim_ttl_ms=self._claim_ttl() * 1000, started=started.to_json(),
             record_ttl_ms=int(expires * 1000) if expires else None, attempt=started.attempt)
+
+    def lease(self, key: str, holder: str, ttl: int) -> bool | None:
+        """Take or renew the lease on attempt ``key`` for delivery ``holder``, for ``ttl`` ms
+        (``ojs_adapters.leases``): ``False`` while another delivery holds it; ``None`` on
+        backends other than Redis, which keep no leases."""
+        client = getattr(self.backend, "client", None)
+        if not self.enabled or not isinstance(self.backend, RedisBackend) or client is None:
+            return None
+        if self._lease is None:
+            self._lease = client.register_script(LEASE_LUA)
+        name = self.backend.get_key_for_task(key, key=LEASE_SUFFIX)
+        return bool(self._lease(keys=[name], args=[holder, ttl]))
 
     def _claim_ttl(self) -> int:
         """Seconds a claim is kept: the backend's result expiry, else a day."""

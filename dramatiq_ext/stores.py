@@ -47,6 +47,7 @@ from typing import Any, NamedTuple, Protocol, cast
 
 from ojs_adapters.claims import Begun, begin_on_redis, claim_of
 from ojs_adapters.handoff import ORDERED_SAVE_LUA, Claim, is_newer, record_rank
+from ojs_adapters.leases import LEASE_LUA
 
 #: How long a record is kept, in milliseconds (Dramatiq's dead-message TTL).
 DEFAULT_RECORD_TTL = 7 * 86_400_000
@@ -80,33 +81,12 @@ def claim(store: Any, key: str, token: str, ttl: int) -> Claim:
     return "new" if method is None else cast(Claim, method(key, token, ttl))
 
 
-def lease(store: Any, key: str, holder: str, ttl: int) -> bool | None:
-    """Take or renew the lease on attempt ``key`` for delivery ``holder``, for ``ttl`` ms.
-
-    ``True``: ``holder`` holds it now; ``False``: another delivery does; ``None``:
-    the store keeps no leases.
-
-    >>> store = MemoryRecordStore()
-    >>> [lease(store, "m1:2", holder, 1000) for holder in ("a|1", "a|2", "a|1")]
-    [True, False, True]
-    """
-    method = getattr(store, "lease", None)
-    taken = None if method is None else method(key, holder, ttl)
-    return None if taken is None else bool(taken)
-
-
 def saves_in_order(store: Any) -> bool:
     """Whether ``store.save`` keeps a stored record of a later attempt (see above)."""
     return bool(getattr(store, "ordered", False))
 
 
 #: Take or renew a lease. KEYS[1] the lease; ARGV[1] the holder, ARGV[2] its TTL (ms).
-_LEASE = """
-local held = redis.call("GET", KEYS[1])
-if held and held ~= ARGV[1] then return 0 end
-redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
-return 1
-"""
 
 
 class _RedisScripts:
@@ -125,7 +105,7 @@ class _RedisScripts:
 
     def lease(self, key: str, holder: str, ttl: int) -> bool:
         if self._lease is None:
-            self._lease = self.client.register_script(_LEASE)
+            self._lease = self.client.register_script(LEASE_LUA)
         return bool(self._lease(keys=[key], args=[holder, ttl]))
 
 

@@ -1,0 +1,124 @@
+"""Attempt leases: a second delivery of an attempt waits while the first one is alive.
+
+A broker can hand a message out again while its first delivery still runs: RabbitMQ
+gives back every unacked message as soon as a consumer's connection drops (the
+worker goes on with it), a delay-queue message whose ack was lost is forwarded
+twice, Redis queue maintenance re-pushes the unacked messages of a worker it takes
+for dead. That second delivery finds the job record ``active`` at its attempt,
+exactly what a redelivery after a crash looks like: judged alone, it would record a
+lost attempt (a phantom ``HANDLER_PANIC``, RET-12) and publish a retry that may run
+the body again, while the first delivery completes.
+
+So each delivery first takes a *lease* on its attempt in the record store (keyed
+like the claim, held by ``<copy token>|<delivery nonce>``), renewed by ``HEARTBEAT``:
+one daemon thread per process, every ``BEAT_SECONDS``. A delivery that finds
+another's lease alive waits (nothing run), re-reading the record, until it can take
+the lease. Once the attempt's outcome is stored, the holder stops renewing and the
+lease lapses after ``LEASE_SECONDS``; the waiting copy meanwhile finds that outcome
+and is dropped as a duplicate. If the holder died, its lease lapses and the waiting
+copy is judged as a redelivery after a crash. This is the heartbeat of ojs-retry.md
+section 9.3 (RET-13), for redeliveries.
+
+Limits: a lease says the holding *process* is alive, not that the job makes progress
+(a hung handler keeps its attempt; bound it with a time limit); a store out of reach
+for longer than ``LEASE_SECONDS - BEAT_SECONDS`` lets a live lease lapse.
+
+>>> class Store:  # a store keeps leases if it has ``lease(key, holder, ttl_ms)``
+...     held = {}
+...     def lease(self, key, holder, ttl):
+...         return self.held.setdefault(key, holder) == holder
+>>> [lease(Store(), "job:2", h, 6000) for h in ("a|1", "b|1", "a|1")], lease(object(), "k", "h", 1)
+([True, False, True], None)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: How long a lease outlives its last renewal, in seconds: how long a redelivery after
+#: a crash waits before it counts the lost attempt.
+LEASE_SECONDS = 6.0
+#: How often ``HEARTBEAT`` renews the leases it holds, in seconds: a store outage of up to
+#: ``LEASE_SECONDS - BEAT_SECONDS`` (5 s) leaves a live lease alive.
+BEAT_SECONDS = 1.0
+#: How often a delivery waiting for another one's lease looks again, in seconds.
+WAIT_SECONDS = 0.5
+
+#: Take or renew the lease KEYS[1] for holder ARGV[1], for ARGV[2] ms: 1, or 0 if held
+#: by another holder.
+LEASE_LUA = """
+local held = redis.call("GET", KEYS[1])
+if held and held ~= ARGV[1] then return 0 end
+redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
+return 1
+"""
+
+
+def lease_ms() -> int:
+    """``LEASE_SECONDS`` in milliseconds (read at each use: tests may shorten it)."""
+    return int(LEASE_SECONDS * 1000)
+
+
+def lease(store: Any, key: str, holder: str, ttl: int) -> bool | None:
+    """Take or renew the lease on attempt ``key`` for delivery ``holder``, for ``ttl`` ms.
+
+    ``True``: ``holder`` holds it now; ``False``: another delivery does; ``None``:
+    the store keeps no leases (it has no ``lease`` method, or it returns ``None``).
+    """
+    method = getattr(store, "lease", None)
+    taken = None if method is None else method(key, holder, ttl)
+    return None if taken is None else bool(taken)
+
+
+class Heartbeat:
+    """Renews the leases of the deliveries this process works on.
+
+    A registry by construction: ``hold`` adds one, ``drop`` stops renewing it.
+    The thread starts on first use (again in a forked child).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[Any, str]] = {}  # holder -> (store, attempt key)
+        self._pid = 0
+
+    def hold(self, store: Any, key: str, holder: str) -> None:
+        """Renew ``holder``'s lease on ``key`` in ``store`` until ``drop(holder)``."""
+        with self._lock:
+            self._held[holder] = (store, key)
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, daemon=True, name="ojs-lease").start()
+
+    def drop(self, holder: str) -> None:
+        """Stop renewing ``holder``'s lease: it lapses after ``LEASE_SECONDS``."""
+        with self._lock:
+            self._held.pop(holder, None)
+
+    def beat(self) -> None:
+        """Renew every held lease once; a store error is logged and tried at the next beat."""
+        with self._lock:
+            held = list(self._held.items())
+        for holder, (store, key) in held:
+            try:
+                if lease(store, key, holder, lease_ms()) is False:
+                    logger.warning("The lease on attempt %s lapsed and another delivery "
+                                   "took it.", key)
+                    self.drop(holder)
+            except Exception:
+                logger.info("Could not renew the lease on attempt %s.", key, exc_info=True)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(BEAT_SECONDS)
+            self.beat()
+
+
+#: The process's heartbeat.
+HEARTBEAT = Heartbeat()
