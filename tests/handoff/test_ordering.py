@@ -26,11 +26,11 @@ from dramatiq_ext.stores import (
     MemoryRecordStore,
     RedisRecordStore,
     ResultsRecordStore,
-    lease,
     saves_in_order,
 )
 from ojs_adapters import ErrorEntry, JobRecord
 from ojs_adapters.handoff import handed_off
+from ojs_adapters.leases import lease
 from tests.dramatiq_ext.conftest import open_env
 from tests.dramatiq_ext.harness import Env
 
