@@ -106,6 +106,8 @@ JITTER_SETTING = "ojs_jitter_source"
 ERROR_CODE_HEADER = "x-ojs-error-code"
 #: Attribute of the task request holding the running attempt's ``JobContext``.
 CONTEXT_ATTRIBUTE = "ojs_context"
+#: Seconds of a time limit a delivery waiting for another's lease leaves unused.
+LIMIT_MARGIN = 0.5
 
 
 class RetryRequested(Exception):
@@ -194,20 +196,40 @@ class _Run:
         message out again when the consumer's connection drops, and judged at once it
         would look like a crash. Returns without the lease once the record shows the
         attempt over (this delivery is then a duplicate), or if the store keeps none.
-        The wait counts against a Celery time limit, which cannot be paused."""
+
+        A Celery time limit cannot be paused, and one that fired during the wait would
+        be taken for the attempt's own (``HANDLER_TIMEOUT``): so a time-limited task
+        waits at most its shortest limit less ``LIMIT_MARGIN``, then is requeued unrun
+        (``Reject``) and tries again on its next delivery."""
         key, holder = self.claim_key(), self.token()
         taken = self._try_lease(key, holder)
         if taken is False:
             logger.warning("%s[%s]: another delivery of attempt %d is alive; waiting for it",
                            self.task.name, self.request.id, self.state.attempt)
+            budget = self._time_limit()
+            deadline = None if budget is None else time.monotonic() + budget - LIMIT_MARGIN
             while taken is False:
                 if judge_delivery(self.load(), self.state.attempt, claim="mine") == "duplicate":
                     return  # the holder's outcome is stored (its lease lapses)
+                if deadline is not None and time.monotonic() + WAIT_SECONDS > deadline:
+                    logger.warning("%s[%s]: attempt %d still leased at the time limit; "
+                                   "requeueing", self.task.name, self.request.id,
+                                   self.state.attempt)
+                    raise Reject("attempt leased by another delivery", requeue=True)
                 time.sleep(WAIT_SECONDS)
                 taken = self._try_lease(key, holder)
         if taken:
             HEARTBEAT.hold(self.store, key, holder)
             self.holder = holder
+
+    def _time_limit(self) -> float | None:
+        """The shortest time limit (hard or soft, seconds) this delivery runs under."""
+        hard, soft = self.request.timelimit or (None, None)
+        conf = self.task.app.conf
+        limits = [float(x) for x in (hard or self.task.time_limit or conf.task_time_limit,
+                                     soft or self.task.soft_time_limit
+                                     or conf.task_soft_time_limit) if x]
+        return min(limits) if limits else None
 
     def _try_lease(self, key: str, holder: str) -> bool | None:
         """One lease call, retried in place; ``None`` (go on without) if the store is out
