@@ -39,8 +39,9 @@ the ``Decision``; it makes no choice of its own.
   second while it runs): a second delivery of a live attempt (RabbitMQ gives back
   a running message when the consumer's connection drops; on Redis the visibility
   heartbeat puts back the deliveries of a closed channel) waits for it instead of
-  counting a lost worker, and is dropped once the outcome is stored. A crashed
-  worker's lease lapses after 6 s; then the redelivery counts the lost attempt.
+  counting a lost worker, and is dropped once the outcome is stored (the lease is
+  then released). A crashed worker's lease lapses after 6 s; then the redelivery
+  counts the lost attempt.
 - **Extensions** (issue 10): the job's idempotency key (``ojs`` header, else the
   task id) goes into the record and every retry's header, and ``self.ojs`` shows
   it to the body; a task naming a ``retry_budget`` counts each attempt that runs
@@ -96,7 +97,7 @@ from ojs_adapters.backend_retry import count_failure
 from ojs_adapters.claims import Begun, record_of
 from ojs_adapters.errors import OjsBackendError
 from ojs_adapters.handoff import Claim, attempt_id, error_headers, handed_off, judge_delivery
-from ojs_adapters.leases import HEARTBEAT, WAIT_SECONDS, lease, lease_ms
+from ojs_adapters.leases import HEARTBEAT, WAIT_SECONDS, lease, lease_ms, release
 
 logger = logging.getLogger("celery_ext")
 
@@ -147,7 +148,9 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
         run.save(run.base.started(run.state.attempt).completed())
         return result
     finally:
-        HEARTBEAT.drop(run.holder)  # the outcome is stored: the lease lapses
+        # The outcome is stored: the next delivery (a requeue after a failed hand-off,
+        # say) need not wait for the lease to lapse.
+        release(run.store, run.claim_key(), run.holder)
 
 
 class _Run:

@@ -33,7 +33,7 @@ from celery.backends.rpc import RPCBackend
 from ojs_adapters import JobRecord
 from ojs_adapters.claims import Begun, begin_on_redis, claim_of
 from ojs_adapters.handoff import ORDERED_SAVE_LUA, Claim, record_rank
-from ojs_adapters.leases import LEASE_LUA
+from ojs_adapters.leases import LEASE_LUA, RELEASE_LUA
 
 #: Suffix of the record's key (key-value backends) or pseudo task id (others).
 RECORD_SUFFIX = ".ojs"
@@ -65,7 +65,8 @@ class RecordStore:
         self.enabled = not isinstance(backend, (DisabledBackend, RPCBackend))
         self._key_value = isinstance(backend, BaseKeyValueStoreBackend)
         self._ordered: Any = None  # the ordered save script, registered on first use
-        self._lease: Any = None  # the lease script, likewise
+        self._lease: Any = None  # the lease scripts, likewise
+        self._release: Any = None
 
     def load(self, task_id: str) -> JobRecord | None:
         """The stored record, or ``None``."""
@@ -156,6 +157,15 @@ class RecordStore:
             self._lease = client.register_script(LEASE_LUA)
         name = self.backend.get_key_for_task(key, key=LEASE_SUFFIX)
         return bool(self._lease(keys=[name], args=[holder, ttl]))
+
+    def release_lease(self, key: str, holder: str) -> None:
+        """Drop the lease on attempt ``key`` if ``holder`` still holds it (Redis backend)."""
+        client = getattr(self.backend, "client", None)
+        if not self.enabled or not isinstance(self.backend, RedisBackend) or client is None:
+            return
+        if self._release is None:
+            self._release = client.register_script(RELEASE_LUA)
+        self._release(keys=[self.backend.get_key_for_task(key, key=LEASE_SUFFIX)], args=[holder])
 
     def _claim_ttl(self) -> int:
         """Seconds a claim is kept: the backend's result expiry, else a day."""

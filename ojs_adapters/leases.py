@@ -13,11 +13,11 @@ So each delivery first takes a *lease* on its attempt in the record store (keyed
 like the claim, held by ``<copy token>|<delivery nonce>``), renewed by ``HEARTBEAT``:
 one daemon thread per process, every ``BEAT_SECONDS``. A delivery that finds
 another's lease alive waits (nothing run), re-reading the record, until it can take
-the lease. Once the attempt's outcome is stored, the holder stops renewing and the
-lease lapses after ``LEASE_SECONDS``; the waiting copy meanwhile finds that outcome
-and is dropped as a duplicate. If the holder died, its lease lapses and the waiting
-copy is judged as a redelivery after a crash. This is the heartbeat of ojs-retry.md
-section 9.3 (RET-13), for redeliveries.
+the lease. Once the attempt's outcome is stored, the holder stops renewing, and either
+releases the lease (``release``) or lets it lapse after ``LEASE_SECONDS``; the waiting
+copy meanwhile finds that outcome and is dropped as a duplicate. If the holder died,
+its lease lapses and the waiting copy is judged as a redelivery after a crash. This
+is the heartbeat of ojs-retry.md section 9.3 (RET-13), for redeliveries.
 
 Limits: a lease says the holding *process* is alive, not that the job makes progress
 (a hung handler keeps its attempt; bound it with a time limit); a store out of reach
@@ -60,6 +60,13 @@ return 1
 """
 
 
+#: Release the lease KEYS[1] if holder ARGV[1] holds it: 1, else 0.
+RELEASE_LUA = """
+if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end
+return 0
+"""
+
+
 def lease_ms() -> int:
     """``LEASE_SECONDS`` in milliseconds (read at each use: tests may shorten it)."""
     return int(LEASE_SECONDS * 1000)
@@ -74,6 +81,20 @@ def lease(store: Any, key: str, holder: str, ttl: int) -> bool | None:
     method = getattr(store, "lease", None)
     taken = None if method is None else method(key, holder, ttl)
     return None if taken is None else bool(taken)
+
+
+def release(store: Any, key: str, holder: str) -> None:
+    """Give up ``holder``'s lease on ``key`` now (if it still holds it), so the next
+    delivery need not wait for it to lapse; a no-op for stores without
+    ``release_lease``, and a store error is logged (the lease then lapses)."""
+    HEARTBEAT.drop(holder)
+    method = getattr(store, "release_lease", None)
+    if method is None or not holder:
+        return
+    try:
+        method(key, holder)
+    except Exception:
+        logger.info("Could not release the lease on attempt %s; it lapses.", key, exc_info=True)
 
 
 class Heartbeat:
