@@ -97,7 +97,7 @@ from ojs_adapters.backend_retry import count_failure
 from ojs_adapters.claims import Begun, record_of
 from ojs_adapters.errors import OjsBackendError
 from ojs_adapters.handoff import Claim, attempt_id, error_headers, handed_off, judge_delivery
-from ojs_adapters.leases import HEARTBEAT, WAIT_SECONDS, lease, lease_ms, release
+from ojs_adapters.leases import WAIT_SECONDS, Heartbeat, lease, lease_ms, release
 
 logger = logging.getLogger("celery_ext")
 
@@ -109,6 +109,9 @@ ERROR_CODE_HEADER = "x-ojs-error-code"
 CONTEXT_ATTRIBUTE = "ojs_context"
 #: Seconds of a time limit a delivery waiting for another's lease leaves unused.
 LIMIT_MARGIN = 0.5
+#: Renews the leases of the Celery deliveries this process runs (a registry; not
+#: ``_heartbeat``, which keeps Redis deliveries reserved).
+LEASES = Heartbeat()
 
 
 class RetryRequested(Exception):
@@ -150,7 +153,7 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     finally:
         # The outcome is stored: the next delivery (a requeue after a failed hand-off,
         # say) need not wait for the lease to lapse.
-        release(run.store, run.claim_key(), run.holder)
+        release(LEASES, run.store, run.claim_key(), run.holder)
 
 
 class _Run:
@@ -222,7 +225,7 @@ class _Run:
                 time.sleep(WAIT_SECONDS)
                 taken = self._try_lease(key, holder)
         if taken:
-            HEARTBEAT.hold(self.store, key, holder)
+            LEASES.hold(self.store, key, holder)
             self.holder = holder
 
     def _time_limit(self) -> float | None:

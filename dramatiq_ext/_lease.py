@@ -20,6 +20,11 @@ from contextlib import contextmanager
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import TimeLimit
 
+from ojs_adapters.leases import Heartbeat
+
+#: Renews the leases of the Dramatiq deliveries this process works on (a registry).
+HEARTBEAT = Heartbeat()
+
 
 @contextmanager
 def time_limit_paused(broker: Broker, message: MessageProxy) -> Iterator[None]:

@@ -109,7 +109,7 @@ from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from dramatiq_ext._context import clear_current_job, set_current_job
 from dramatiq_ext._handoff import TOKEN_OPTION, Publisher, is_redis
-from dramatiq_ext._lease import time_limit_paused
+from dramatiq_ext._lease import HEARTBEAT, time_limit_paused
 from dramatiq_ext._options import (
     BUDGET_OPTION,
     KEY_OPTION,
@@ -154,7 +154,7 @@ from ojs_adapters.errors import OjsBackendError
 from ojs_adapters.handoff import Claim, attempt_id, error_headers, handed_off, judge_delivery
 from ojs_adapters.history import utc_now
 from ojs_adapters.keys import read_idempotency_key
-from ojs_adapters.leases import HEARTBEAT, WAIT_SECONDS, lease, lease_ms
+from ojs_adapters.leases import WAIT_SECONDS, lease, lease_ms
 from ojs_adapters.parking import DEFAULT_PARK_AFTER
 
 #: A zero-argument callable returning the jitter sample u in [0, 1).

@@ -10,8 +10,9 @@ lost attempt (a phantom ``HANDLER_PANIC``, RET-12) and publish a retry that may 
 the body again, while the first delivery completes.
 
 So each delivery first takes a *lease* on its attempt in the record store (keyed
-like the claim, held by ``<copy token>|<delivery nonce>``), renewed by ``HEARTBEAT``:
-one daemon thread per process, every ``BEAT_SECONDS``. A delivery that finds
+like the claim, held by ``<copy token>|<delivery nonce>``), renewed by a ``Heartbeat``:
+one daemon thread per adapter and process, every ``BEAT_SECONDS``. Each adapter keeps
+its own, so that a slow store of one cannot delay the renewals of the other. A delivery that finds
 another's lease alive waits (nothing run), re-reading the record, until it can take
 the lease. Once the attempt's outcome is stored, the holder stops renewing, and either
 releases the lease (``release``) or lets it lapse after ``LEASE_SECONDS``; the waiting
@@ -83,20 +84,6 @@ def lease(store: Any, key: str, holder: str, ttl: int) -> bool | None:
     return None if taken is None else bool(taken)
 
 
-def release(store: Any, key: str, holder: str) -> None:
-    """Give up ``holder``'s lease on ``key`` now (if it still holds it), so the next
-    delivery need not wait for it to lapse; a no-op for stores without
-    ``release_lease``, and a store error is logged (the lease then lapses)."""
-    HEARTBEAT.drop(holder)
-    method = getattr(store, "release_lease", None)
-    if method is None or not holder:
-        return
-    try:
-        method(key, holder)
-    except Exception:
-        logger.info("Could not release the lease on attempt %s; it lapses.", key, exc_info=True)
-
-
 class Heartbeat:
     """Renews the leases of the deliveries this process works on.
 
@@ -141,5 +128,15 @@ class Heartbeat:
             self.beat()
 
 
-#: The process's heartbeat.
-HEARTBEAT = Heartbeat()
+def release(heartbeat: Heartbeat, store: Any, key: str, holder: str) -> None:
+    """Stop renewing ``holder``'s lease on ``key`` and give it up now (if it still holds
+    it), so the next delivery need not wait for it to lapse; only the drop for stores
+    without ``release_lease``, and a store error is logged (the lease then lapses)."""
+    heartbeat.drop(holder)
+    method = getattr(store, "release_lease", None)
+    if method is None or not holder:
+        return
+    try:
+        method(key, holder)
+    except Exception:
+        logger.info("Could not release the lease on attempt %s; it lapses.", key, exc_info=True)

@@ -8,7 +8,9 @@ import uuid
 from celery import Celery
 
 from celery_ext.records import RecordStore
-from ojs_adapters.leases import lease, release
+from ojs_adapters.leases import Heartbeat, lease, release
+
+BEAT = Heartbeat()
 
 
 def test_a_lease_has_one_holder_and_only_its_holder_releases_it(redis_url: str) -> None:
@@ -19,12 +21,12 @@ def test_a_lease_has_one_holder_and_only_its_holder_releases_it(redis_url: str) 
         assert lease(store, key, "copy|a", 5000) is True
         assert lease(store, key, "copy|b", 5000) is False  # another live delivery holds it
         assert lease(store, key, "copy|a", 5000) is True  # renewed by its holder
-        release(store, key, "copy|b")  # not the holder: nothing changes
+        release(BEAT, store, key, "copy|b")  # not the holder: nothing changes
         assert lease(store, key, "copy|b", 5000) is False
-        release(store, key, "copy|a")
+        release(BEAT, store, key, "copy|a")
         assert lease(store, key, "copy|b", 5000) is True  # free at once, no lapse to wait for
     finally:
-        release(store, key, "copy|b")
+        release(BEAT, store, key, "copy|b")
 
 
 def test_backends_other_than_redis_keep_no_leases() -> None:
@@ -32,4 +34,4 @@ def test_backends_other_than_redis_keep_no_leases() -> None:
                  set_as_current=False)
     store = RecordStore(app.backend)
     assert lease(store, "job:1", "copy|a", 5000) is None
-    release(store, "job:1", "copy|a")  # a no-op, no error
+    release(BEAT, store, "job:1", "copy|a")  # a no-op, no error
