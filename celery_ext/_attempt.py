@@ -216,7 +216,7 @@ class _Run:
             deadline = None if budget is None else time.monotonic() + budget - LIMIT_MARGIN
             while taken is False:
                 if judge_delivery(self.load(), self.state.attempt, claim="mine") == "duplicate":
-                    return  # the holder's outcome is stored (its lease lapses)
+                    return  # the holder's outcome is stored (it releases its lease)
                 if deadline is not None and time.monotonic() + WAIT_SECONDS > deadline:
                     logger.warning("%s[%s]: attempt %d still leased at the time limit; "
                                    "requeueing", self.task.name, self.request.id,

@@ -122,8 +122,8 @@ class RecordStore:
         ``"new"``, or ``"mine"`` for a redelivery of the same copy, or ``"other"``.
         Other backends grant every claim as ``"new"`` (the record check remains).
         """
-        client = getattr(self.backend, "client", None)
-        if not self.enabled or not isinstance(self.backend, RedisBackend) or client is None:
+        client = self._redis_client()
+        if client is None:
             return "new"
         name = self.backend.get_key_for_task(key, key=CLAIM_SUFFIX)
         if client.set(name, token, nx=True, ex=self._claim_ttl()):
@@ -136,8 +136,8 @@ class RecordStore:
         ``started`` when the claim is new and the stored record (if any) is of an
         earlier attempt; ``None`` on other backends (then one call each).
         The returned ``Begun.record`` is the record as it was before."""
-        client = getattr(self.backend, "client", None)
-        if not self.enabled or not isinstance(self.backend, RedisBackend) or client is None:
+        client = self._redis_client()
+        if client is None:
             return None
         expires = self.backend.expires
         return begin_on_redis(
@@ -150,8 +150,8 @@ class RecordStore:
         """Take or renew the lease on attempt ``key`` for delivery ``holder``, for ``ttl`` ms
         (``ojs_adapters.leases``): ``False`` while another delivery holds it; ``None`` on
         backends other than Redis, which keep no leases."""
-        client = getattr(self.backend, "client", None)
-        if not self.enabled or not isinstance(self.backend, RedisBackend) or client is None:
+        client = self._redis_client()
+        if client is None:
             return None
         if self._lease is None:
             self._lease = client.register_script(LEASE_LUA)
@@ -160,12 +160,20 @@ class RecordStore:
 
     def release_lease(self, key: str, holder: str) -> None:
         """Drop the lease on attempt ``key`` if ``holder`` still holds it (Redis backend)."""
-        client = getattr(self.backend, "client", None)
-        if not self.enabled or not isinstance(self.backend, RedisBackend) or client is None:
+        client = self._redis_client()
+        if client is None:
             return
         if self._release is None:
             self._release = client.register_script(RELEASE_LUA)
         self._release(keys=[self.backend.get_key_for_task(key, key=LEASE_SUFFIX)], args=[holder])
+
+    def _redis_client(self) -> Any | None:
+        """The Redis client of a storing Redis backend (claims, leases, ``begin``), else
+        ``None``: other backends keep none of those."""
+        client = getattr(self.backend, "client", None)
+        if not self.enabled or not isinstance(self.backend, RedisBackend):
+            return None
+        return client
 
     def _claim_ttl(self) -> int:
         """Seconds a claim is kept: the backend's result expiry, else a day."""
@@ -173,8 +181,8 @@ class RecordStore:
 
     def release(self, key: str) -> None:
         """Drop the claim on attempt ``key`` (the attempt will be delivered afresh)."""
-        client = getattr(self.backend, "client", None)
-        if self.enabled and isinstance(self.backend, RedisBackend) and client is not None:
+        client = self._redis_client()
+        if client is not None:
             client.delete(self.backend.get_key_for_task(key, key=CLAIM_SUFFIX))
 
     def delete(self, task_id: str) -> None:

@@ -11,12 +11,13 @@ the body again, while the first delivery completes.
 
 So each delivery first takes a *lease* on its attempt in the record store (keyed
 like the claim, held by ``<copy token>|<delivery nonce>``), renewed by a ``Heartbeat``:
-one daemon thread per adapter and process, every ``BEAT_SECONDS``. Each adapter keeps
-its own, so that a slow store of one cannot delay the renewals of the other. A delivery that finds
-another's lease alive waits (nothing run), re-reading the record, until it can take
-the lease. Once the attempt's outcome is stored, the holder stops renewing, and either
-releases the lease (``release``) or lets it lapse after ``LEASE_SECONDS``; the waiting
-copy meanwhile finds that outcome and is dropped as a duplicate. If the holder died,
+one daemon thread per adapter and process, every ``BEAT_SECONDS`` (each adapter keeps
+its own, so that a slow store of one cannot delay the renewals of the other). A
+delivery that finds another's lease alive waits (nothing run), re-reading the record,
+until it can take the lease. Once the attempt's outcome is stored, the holder stops
+renewing, and either releases the lease (``release``) or lets it lapse after
+``LEASE_SECONDS``; the waiting copy meanwhile finds that outcome and is dropped as a
+duplicate. If the holder died,
 its lease lapses and the waiting copy is judged as a redelivery after a crash. This
 is the heartbeat of ojs-retry.md section 9.3 (RET-13), for redeliveries.
 
@@ -45,7 +46,7 @@ logger = logging.getLogger(__name__)
 #: How long a lease outlives its last renewal, in seconds: how long a redelivery after
 #: a crash waits before it counts the lost attempt.
 LEASE_SECONDS = 6.0
-#: How often ``HEARTBEAT`` renews the leases it holds, in seconds: a store outage of up to
+#: How often a ``Heartbeat`` renews the leases it holds, in seconds: a store outage of up to
 #: ``LEASE_SECONDS - BEAT_SECONDS`` (5 s) leaves a live lease alive.
 BEAT_SECONDS = 1.0
 #: How often a delivery waiting for another one's lease looks again, in seconds.
