@@ -8,6 +8,8 @@ task overrode:
 - a result backend that stores (not RPC, not disabled): the job record lives
   there, and crash counting reads it.
 - ``task_always_eager`` off: eager retries run at once, ignoring countdowns.
+- a result backend with leases and claims (Redis): others keep records only.
+- no task that sets OjsTask options (``retry_policy``, ...) without being one.
 - Redis with the visibility heartbeat off (``ojs_visibility_heartbeat =
   False``; ``_heartbeat``): ``visibility_timeout`` longer than the longest
   countdown that waits in a worker (at most ``ojs_park_after``: longer ones are
@@ -43,10 +45,13 @@ def check_worker_settings(app: Any) -> list[str]:
     """
     from celery_ext.task import OjsTask  # the task module imports this package
 
-    tasks = [t for t in app.tasks.values() if isinstance(t, OjsTask)]
+    problems = [f"{t.name}: {', '.join(o)} ignored: the task is not an OjsTask, so it "
+                "is neither retried nor dead-lettered by the policy; declare it with "
+                "base=OjsTask, or make OjsTask every task's base with Celery(..., "
+                "task_cls=OjsTask)" for t, o in _plain_tasks_with_ojs_options(app, OjsTask)]
+    tasks = [t for t in app.tasks.values() if isinstance(t, OjsTask) and not t.native]
     if not tasks:
-        return []
-    problems = []
+        return problems
     for task in tasks:
         if not task.acks_late:
             problems.append(f"{task.name}: acks_late is off, so a crashed attempt loses its "
@@ -54,17 +59,54 @@ def check_worker_settings(app: Any) -> list[str]:
         if not task.reject_on_worker_lost:
             problems.append(f"{task.name}: reject_on_worker_lost is off, so a lost worker "
                             "acks the message instead of consuming one attempt (RET-12)")
-    if not RecordStore(app.backend).enabled:
-        problems.append(f"result backend {type(app.backend).__name__} stores no job record: "
-                        "get_job_record() and crash counting are off (use e.g. redis://)")
+    store = RecordStore(app.backend)
+    backend = type(app.backend).__name__
+    if not store.enabled:
+        problems.append(f"result backend {backend} stores no job record: get_job_record() "
+                        "and crash counting are off, and leases and attempt claims with "
+                        "them; set a redis:// result backend for all of them")
+    elif not store.leases:
+        problems.append(f"result backend {backend} keeps job records but no leases or "
+                        "attempt claims: an attempt handed out again while it runs (a lost "
+                        "connection, a visibility timeout) can run twice, and is counted as "
+                        "a crash; set a redis:// result backend for them")
     if app.conf.task_always_eager:
-        problems.append("task_always_eager runs retries at once and ignores countdowns")
+        problems.append("task_always_eager runs each OjsTask once in the caller: no "
+                        "retries, no countdowns, no dead letters (the policy is skipped)")
     try:
         park_threshold(app.conf.get(PARK_SETTING, DEFAULT_PARK_AFTER), field=PARK_SETTING)
     except OjsValidationError as error:
         problems.append(f"{error.message} (the default, {DEFAULT_PARK_AFTER:g}s, applies)")
     problems.extend(_redis_visibility_problems(app, tasks))
     return problems
+
+
+#: Class options that mean something only on an OjsTask.
+OJS_TASK_OPTIONS = ("retry_policy", "retry_budget", "dead_letter_queue", "jitter_source")
+#: Registry of the tasks whose eager use was already warned of (once per process).
+EAGER_WARNED: set[str] = set()
+
+
+def warn_eager_once(task_name: str) -> None:
+    """Log, on the first eager call of ``task_name``, that eager mode skips the policy."""
+    if task_name in EAGER_WARNED:
+        return
+    EAGER_WARNED.add(task_name)
+    logger.warning("ojs-adapters: %s ran eagerly (task_always_eager or apply()): the body "
+                   "runs once and its error is raised as is, with no retries, countdowns or "
+                   "dead letter; send it to a worker to apply its OJS policy", task_name)
+
+
+def _plain_tasks_with_ojs_options(app: Any, ojs_task: type) -> list[tuple[Any, list[str]]]:
+    """Tasks that set OjsTask options without being OjsTasks (the options do nothing)."""
+    found = []
+    for task in app.tasks.values():
+        if isinstance(task, ojs_task):
+            continue
+        given = [name for name in OJS_TASK_OPTIONS if getattr(task, name, None) is not None]
+        if given:
+            found.append((task, given))
+    return found
 
 
 def _redis_visibility_problems(app: Any, tasks: list[Any]) -> list[str]:

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -103,12 +104,13 @@ def heartbeat_interval(visibility_timeout: float) -> float:
 
 
 def redis_channel(channel: Any) -> bool:
-    """Whether ``channel`` is a kombu Redis channel with ack emulation (a visibility timeout)."""
-    try:
-        from kombu.transport.redis import QoS
-    except ImportError:  # pragma: no cover - kombu always ships the module
-        return False
-    return isinstance(getattr(channel, "qos", None), QoS)
+    """Whether ``channel`` is a kombu Redis channel with ack emulation (a visibility timeout).
+
+    Looked up, never imported: ``kombu.transport.redis`` fails to import without
+    redis-py (a RabbitMQ setup), and a Redis channel exists only once it is loaded.
+    """
+    module = sys.modules.get("kombu.transport.redis")
+    return module is not None and isinstance(getattr(channel, "qos", None), module.QoS)
 
 
 class Heartbeat:

@@ -24,10 +24,10 @@ True
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from celery.backends.base import BaseKeyValueStoreBackend, DisabledBackend
-from celery.backends.redis import RedisBackend
 from celery.backends.rpc import RPCBackend
 
 from ojs_adapters import JobRecord
@@ -64,6 +64,8 @@ class RecordStore:
         #: RPC "stores" results as reply messages, read once: no place for a record.
         self.enabled = not isinstance(backend, (DisabledBackend, RPCBackend))
         self._key_value = isinstance(backend, BaseKeyValueStoreBackend)
+        #: Leases, attempt claims and ordered saves need Redis scripts; others only store.
+        self.leases = self.enabled and _is_redis(backend)
         self._ordered: Any = None  # the ordered save script, registered on first use
         self._lease: Any = None  # the lease scripts, likewise
         self._release: Any = None
@@ -94,7 +96,7 @@ class RecordStore:
             self.backend.store_result(record.id + RECORD_SUFFIX, record.to_dict(), RECORD_STATE)
             return
         key = self.backend.get_key_for_task(record.id, key=RECORD_SUFFIX)
-        if isinstance(self.backend, RedisBackend):
+        if self.leases:
             # Not RedisBackend.set: it writes with SETEX (deprecated by redis-py) and
             # PUBLISHes the value for result waiters, which a record never has.
             self.backend.ensure(self._redis_save, (key, record, force))
@@ -170,10 +172,7 @@ class RecordStore:
     def _redis_client(self) -> Any | None:
         """The Redis client of a storing Redis backend (claims, leases, ``begin``), else
         ``None``: other backends keep none of those."""
-        client = getattr(self.backend, "client", None)
-        if not self.enabled or not isinstance(self.backend, RedisBackend):
-            return None
-        return client
+        return self.backend.client if self.leases else None
 
     def _claim_ttl(self) -> int:
         """Seconds a claim is kept: the backend's result expiry, else a day."""
@@ -193,3 +192,13 @@ class RecordStore:
             self.backend.delete(self.backend.get_key_for_task(task_id, key=RECORD_SUFFIX))
         else:
             self.backend.forget(task_id + RECORD_SUFFIX)
+
+
+def _is_redis(backend: Any) -> bool:
+    """Whether ``backend`` is Celery's Redis result backend, without importing redis.
+
+    ``celery.backends.redis`` imports redis-py, which a RabbitMQ + ``rpc://`` setup
+    need not have; a ``RedisBackend`` instance exists only once that module is loaded.
+    """
+    module = sys.modules.get("celery.backends.redis")
+    return module is not None and isinstance(backend, module.RedisBackend)

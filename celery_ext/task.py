@@ -24,10 +24,12 @@ Every exception from the task body goes through ``ojs_adapters.decide``
 
 Celery's ``autoretry_for``, ``retry_backoff``, ``max_retries``,
 ``default_retry_delay`` and ``retry_jitter`` are rejected (``_policy``).
-Because Celery's ``apply_async`` already has a ``retry_policy`` argument (the
-*publish* retry policy), an OjsTask takes that one as ``publish_retry_policy``.
-In eager mode (``task_always_eager``, ``apply()``) the body runs once, plainly:
-eager retries ignore countdowns, so OJS semantics are not emulated there.
+Celery's ``apply_async`` already has a ``retry_policy`` argument (kombu's
+*publish* retry policy): a dict of only its keys (``max_retries``,
+``interval_start``, ...) keeps that meaning; ``publish_retry_policy=`` says so
+explicitly. In eager mode (``task_always_eager``, ``apply()``) the body runs
+once, plainly (eager retries ignore countdowns), and the first eager call of
+each task logs a warning saying so.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any, ClassVar
 from celery import Task
 
 from celery_ext._attempt import CONTEXT_ATTRIBUTE, RetryRequested, job_context, run_attempt
+from celery_ext._checks import warn_eager_once
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._parking import install as install_parking
 from celery_ext._policy import reject_celery_retry_options, task_policy
@@ -53,9 +56,9 @@ from ojs_adapters import (
 )
 from ojs_adapters.budget import check_dependency
 
-#: Keys of Celery's publish retry policy, which is not an OJS policy.
-_PUBLISH_RETRY_KEYS = frozenset({"max_retries", "interval_start", "interval_step",
-                                 "interval_max", "retry_errors"})
+#: Keys of Celery's publish retry policy (kombu ``Connection.ensure``), which is not an OJS policy.
+PUBLISH_RETRY_KEYS = frozenset({"max_retries", "interval_start", "interval_step",
+                                "interval_max", "retry_errors"})
 
 
 class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
@@ -102,9 +105,16 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
     throws = (JobDiscarded,)
     Request = "celery_ext._request:OjsRequest"
 
+    #: Celery's own tasks (``celery.chord_unlock``, ...) made from OjsTask by
+    #: ``Celery(task_cls=OjsTask)``: they keep every native behaviour.
+    native: ClassVar[bool] = False
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Validate the class's policy and options as the task is defined (RET-16)."""
         super().__init_subclass__(**kwargs)
+        if str(cls.__dict__.get("name") or "").startswith("celery."):
+            _make_native(cls)
+            return
         reject_celery_retry_options(cls.__dict__)
         if cls.retry_budget is not None:
             check_dependency(cls.retry_budget)
@@ -118,6 +128,8 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
     def on_bound(cls, app: Any) -> None:
         """Validate again once the app (and its default policy) is known; give its workers
         the mover of parked retries (``_parking``)."""
+        if cls.native:
+            return
         task_policy(cls.retry_policy, app)
         install_parking(app)
 
@@ -137,12 +149,20 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
         the ``ojs`` header as the full effective policy, with the job's
         ``idempotency_key`` (the caller's, else a new UUID v4; a retry keeps its own).
         """
-        if isinstance(retry_policy, Mapping) and retry_policy and \
-                set(retry_policy) <= _PUBLISH_RETRY_KEYS:
-            raise OjsValidationError(
-                "retry_policy of an OjsTask is the OJS retry policy; pass Celery's publish "
-                "retry settings as publish_retry_policy=...",
-                code="INVALID_RETRY_POLICY", details={"field": "retry_policy"})
+        if self.native:
+            if retry_policy is not None:
+                options["retry_policy"] = retry_policy
+            return super().apply_async(args, kwargs, task_id, producer, link, link_error,
+                                       shadow, **options)
+        if _is_publish_retry_policy(retry_policy):
+            # Celery's own meaning of the argument (kombu's publish retry): native parity.
+            if publish_retry_policy is not None:
+                raise OjsValidationError(
+                    "retry_policy holds Celery's publish retry settings and "
+                    "publish_retry_policy is given too: pass one of them",
+                    code="INVALID_ARGS",
+                    details={"field": "publish_retry_policy", "rule": "one publish policy"})
+            publish_retry_policy, retry_policy = retry_policy, None
         policy = self.policy(retry_policy)  # validates the task and app layers too
         headers = dict(options.get("headers") or {})
         state = HeaderState.from_headers(headers)
@@ -173,9 +193,10 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
-        if request.called_directly:
+        if request.called_directly or self.native:
             return super().__call__(*args, **kwargs)
         if request.is_eager:
+            warn_eager_once(self.name)
             return self.run(*args, **kwargs)
         return run_attempt(self, args, kwargs)
 
@@ -188,6 +209,9 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
         delay); ``args``, ``kwargs``, ``eta`` and ``max_retries`` are not
         supported on an OjsTask and raise ``OjsValidationError``.
         """
+        if self.native:
+            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries,
+                                 **options)
         unsupported = {"args": args, "kwargs": kwargs, "eta": eta, "max_retries": max_retries,
                        **options}
         given = sorted(k for k, v in unsupported.items() if v is not None)
@@ -196,3 +220,33 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
                 f"OjsTask.retry() takes only exc= and countdown=; got {given or ['throw']}",
                 code="INVALID_ARGS", details={"field": (given or ["throw"])[0]})
         raise RetryRequested(exc if exc is not None else sys.exc_info()[1], countdown)
+
+
+def _make_native(cls: type[OjsTask]) -> None:
+    """Give a Celery built-in task its native settings back, unless it sets them itself."""
+    cls.native = True
+    for name in ("acks_late", "reject_on_worker_lost", "retry_on_worker_lost", "max_retries",
+                 "throws", "Request"):
+        if name not in cls.__dict__:
+            setattr(cls, name, getattr(Task, name))
+
+
+def _is_publish_retry_policy(value: Any) -> bool:
+    """Whether ``value`` is Celery's publish retry dict rather than an OJS policy.
+
+    Only publish keys: Celery's. Both kinds of keys: an error naming the publish
+    ones, since either reading would drop half of what the caller asked for.
+    """
+    if not isinstance(value, Mapping) or not value:
+        return False
+    publish = sorted(set(value) & PUBLISH_RETRY_KEYS)
+    if not publish:
+        return False
+    if len(publish) < len(value):
+        raise OjsValidationError(
+            f"retry_policy mixes Celery's publish retry keys {publish} with OJS retry "
+            "policy keys: pass the publish ones as publish_retry_policy=...",
+            code="INVALID_RETRY_POLICY",
+            details={"field": f"retry_policy.{publish[0]}",
+                     "rule": "OJS policy and Celery publish retry keys are not mixed"})
+    return True
