@@ -1,0 +1,142 @@
+"""The README's quick starts, run as written: ``celery -A app worker`` and ``dramatiq app``.
+
+Each test saves the README's ``app.py`` in an empty folder, starts the framework's own
+worker command there, and runs the README's sender snippet beside it, with only the
+packages of the extra the README names for that setup importable (issue 16: the first
+commands a newcomer types must work). The RabbitMQ variants change only the broker
+line, and check the dead letter on the queue itself (no Redis there to hold records).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+import redis
+
+from tests.quickstart.support import ROOT, Worker, readme_block, run_script
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+CELERY_WORKER = ["celery", "-A", "app", "worker", "--loglevel=INFO"]
+DRAMATIQ_WORKER = ["dramatiq", "app"]
+CELERY_READY = "ready."
+DRAMATIQ_READY = "Worker process is ready for action."
+AMQP = "amqp://guest:guest@127.0.0.1:5672"
+
+
+def _expected_output(block: str) -> str:
+    """The output the README promises: the snippet's last line, a comment."""
+    return block.rstrip().splitlines()[-1].removeprefix("# ")
+
+
+def _readme_mentions(*phrases: str) -> None:
+    readme = (ROOT / "README.md").read_text()
+    for phrase in phrases:
+        assert phrase in readme, f"README.md no longer says {phrase!r}"
+
+
+def _take_from_queue(queue: str, wanted: str, field: str, timeout: float = 20) -> dict[str, object]:
+    """Consume from RabbitMQ ``queue`` the message whose ``field`` is ``wanted``; others stay."""
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP))
+    channel = connection.channel()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                method, properties, body = channel.basic_get(queue)
+            except pika.exceptions.ChannelClosedByBroker:  # 404: not declared yet
+                channel = connection.channel()
+                time.sleep(0.2)
+                continue
+            if method is None:
+                time.sleep(0.2)
+                continue
+            headers = dict(properties.headers or {})
+            payload = json.loads(body) if field == "message_id" else {}
+            value = payload.get(field) if payload else headers.get(field)
+            if value == wanted:
+                channel.basic_ack(method.delivery_tag)
+                return {"headers": headers, "body": payload}
+            # Others' messages stay unacked (so the next get moves on) until the close
+            # hands them back to the queue.
+    finally:
+        connection.close()
+    raise AssertionError(f"no message with {field}={wanted!r} on {queue} in {timeout}s")
+
+
+def test_celery_quickstart_as_written(tmp_path: Path, redis_url: str) -> None:
+    """``celery -A app worker`` runs the README's app; the sender reads a dead-lettered record."""
+    _readme_mentions("`celery -A app worker --loglevel=INFO`", "ojs-adapters[celery-redis]")
+    (tmp_path / "app.py").write_text(readme_block("quickstart-celery-app"))
+    send = readme_block("quickstart-celery-send")
+    worker = Worker(CELERY_WORKER, tmp_path, "celery-redis", CELERY_READY)
+    try:
+        out = run_script(tmp_path, send + "print(result.id)\n", "celery-redis").splitlines()
+    finally:
+        worker.stop()
+    assert out[0] == _expected_output(send), worker.output
+    assert "ojs-adapters:" not in worker.output  # task_cls=OjsTask: nothing to warn about
+    assert "Traceback" not in worker.output
+    redis.Redis.from_url(redis_url).delete("celery.dead_letter")
+
+
+def test_celery_quickstart_on_rabbitmq_without_redis(tmp_path: Path, amqp_url: str) -> None:
+    """``[celery-rabbitmq]`` alone (no redis-py): the worker runs, warns that ``rpc://`` keeps
+    no record, and the job still ends on ``celery.dead_letter`` with its history."""
+    app = readme_block("quickstart-celery-app").replace(
+        'broker="redis://127.0.0.1:6379/0", backend="redis://127.0.0.1:6379/1"',
+        f'broker="{AMQP}//", backend="rpc://"')
+    assert "rpc://" in app
+    (tmp_path / "app.py").write_text(app)
+    worker = Worker(CELERY_WORKER, tmp_path, "celery-rabbitmq", CELERY_READY)
+    try:
+        task_id = run_script(tmp_path, "from app import charge\nprint(charge.delay(7).id)\n",
+                             "celery-rabbitmq").strip()
+        dead = _take_from_queue("celery.dead_letter", task_id, "id")
+    finally:
+        worker.stop()
+    record = json.loads(str(dead["headers"]["ojs-dead-letter"]))  # type: ignore[index]
+    assert (record["outcome"], record["attempt"]) == ("dead_letter", 3)
+    assert "stores no job record" in worker.output
+    assert "Traceback" not in worker.output  # nothing of ours reaches for redis-py
+
+
+def test_dramatiq_quickstart_as_written(tmp_path: Path, redis_url: str) -> None:
+    """``dramatiq app`` runs the README's app on the broker it sets; the sender reads the record."""
+    _readme_mentions("`dramatiq app`", "ojs-adapters[dramatiq-redis]")
+    (tmp_path / "app.py").write_text(readme_block("quickstart-dramatiq-app"))
+    send = readme_block("quickstart-dramatiq-send")
+    worker = Worker(DRAMATIQ_WORKER, tmp_path, "dramatiq-redis", DRAMATIQ_READY)
+    try:
+        out = run_script(tmp_path, send + "print(message.message_id)\n",
+                         "dramatiq-redis").splitlines()
+    finally:
+        worker.stop()
+    assert out[0] == _expected_output(send), worker.output
+    client = redis.Redis.from_url(redis_url)
+    client.zrem("dramatiq:default.XQ", out[1])
+    client.hdel("dramatiq:default.XQ.msgs", out[1])
+
+
+def test_dramatiq_quickstart_on_rabbitmq_without_redis(tmp_path: Path, amqp_url: str) -> None:
+    """``[dramatiq-rabbitmq]`` alone (no redis-py): the job ends on ``default.XQ``."""
+    app = readme_block("quickstart-dramatiq-app").replace(
+        "from dramatiq.brokers.redis import RedisBroker",
+        "from dramatiq.brokers.rabbitmq import RabbitmqBroker").replace(
+        'RedisBroker(url="redis://127.0.0.1:6379/0")', f'RabbitmqBroker(url="{AMQP}")')
+    assert "RabbitmqBroker(" in app
+    (tmp_path / "app.py").write_text(app)
+    worker = Worker(DRAMATIQ_WORKER, tmp_path, "dramatiq-rabbitmq", DRAMATIQ_READY)
+    try:
+        message_id = run_script(tmp_path, "from app import charge\n"
+                                          "print(charge.send(7).message_id)\n",
+                                "dramatiq-rabbitmq").strip()
+        dead = _take_from_queue("default.XQ", message_id, "message_id")
+    finally:
+        worker.stop()
+    assert dead["body"]["actor_name"] == "charge"  # type: ignore[index]
