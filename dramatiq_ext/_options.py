@@ -5,15 +5,26 @@ message option ``retry_policy`` (``actor.send_with_options(retry_policy=...)``)
 over the actor option ``retry_policy`` over the middleware's ``default_policy``.
 
 Dramatiq's ``Retries`` options on an actor are translated, never obeyed beside
-the policy (one retry engine only):
+the policy (one retry engine only), and keep their native outcome (DESIGN.md
+"Native parity"):
 
 - ``max_retries=n`` becomes ``max_attempts = n + 1`` (Dramatiq counts retries,
   OJS counts attempts); giving both ``max_retries`` and ``max_attempts`` is an error;
 - ``min_backoff`` / ``max_backoff`` (milliseconds) become ``initial_interval`` /
   ``max_interval``; the OJS exponential strategy, coefficient 2, is Dramatiq's growth;
 - ``throws=(SomeError, ...)`` adds those classes to ``non_retryable_errors``, so they
-  end the job at once as ``on_exhaustion`` says (Dramatiq dead-letters them;
-  set ``on_exhaustion: dead_letter`` for that).
+  end the job at once as ``on_exhaustion`` says;
+- any of them makes ``on_exhaustion`` ``"dead_letter"``: native Dramatiq calls
+  ``message.fail()`` on an exhausted message and on a ``throws`` error alike, and the
+  broker puts it on ``<queue>.XQ``.
+  An ``on_exhaustion`` given in the actor's ``retry_policy`` or in a ``default_policy``
+  mapping wins; when it is not ``"dead_letter"``, ``native_conflict`` says so (the
+  middleware logs it once, as the actor is declared). A message's own ``retry_policy``
+  is merged over all this, as always.
+
+An actor with none of these options gets the OJS defaults (3 attempts, then
+``discard``), not Dramatiq's (20 retries, then ``.XQ``): adding ``OjsRetries``
+chooses the OJS policy, and only an option the actor states carries a native meaning.
 
 ``retry_when`` (a predicate) and ``on_retry_exhausted`` have no OJS equivalent and
 are rejected, as are all of these options on a single message.
@@ -45,6 +56,8 @@ BUDGET_OPTION = "retry_budget"
 KEY_OPTION = "idempotency_key"
 #: Dramatiq ``Retries`` actor options translated into the actor's policy.
 TRANSLATED_OPTIONS = frozenset({"max_retries", "min_backoff", "max_backoff", "throws"})
+#: What native Dramatiq does with a message it stops retrying (``message.fail()``: ``.XQ``).
+NATIVE_EXHAUSTION = "dead_letter"
 #: Dramatiq ``Retries`` options with no OJS meaning, and what to use instead.
 REJECTED_OPTIONS: Mapping[str, str] = {
     "retry_when": "a predicate cannot be expressed as an OJS policy; raise "
@@ -83,8 +96,13 @@ def policy_option(value: Any, *, base: RetryPolicy, where: str) -> RetryPolicy:
         raise _invalid(exc, where) from None
 
 
-def actor_policy(options: Mapping[str, Any], default: RetryPolicy, *, actor: str) -> RetryPolicy:
-    """The policy an actor's options give, over ``default``; raises ``InvalidRetryPolicy``."""
+def actor_policy(options: Mapping[str, Any], default: RetryPolicy, *, actor: str,
+                 default_exhaustion: str | None = None) -> RetryPolicy:
+    """The policy an actor's options give, over ``default``; raises ``InvalidRetryPolicy``.
+
+    ``default_exhaustion``: the ``on_exhaustion`` the middleware's ``default_policy``
+    states explicitly, if any; it overrides the native outcome as the actor's own would.
+    """
     for name, hint in REJECTED_OPTIONS.items():
         if name in options:
             raise _rejected(name, f"actor {actor!r} sets Dramatiq's {name!r}: {hint}")
@@ -95,7 +113,44 @@ def actor_policy(options: Mapping[str, Any], default: RetryPolicy, *, actor: str
         return policy_option(given, base=default, where=f"actor {actor!r}")  # raises
     own: Mapping[str, Any] = given or {}
     merged = {**own, **_translate(options, own, actor=actor)}
+    if native_options(options) and "on_exhaustion" not in own and default_exhaustion is None:
+        merged["on_exhaustion"] = NATIVE_EXHAUSTION
     return policy_option(merged or None, base=default, where=f"actor {actor!r}")
+
+
+def native_options(options: Mapping[str, Any]) -> list[str]:
+    """The Dramatiq retry options an actor states (an empty ``throws`` states nothing)."""
+    return [name for name in sorted(TRANSLATED_OPTIONS)
+            if name in options and (name != "throws" or options[name])]
+
+
+def native_conflict(options: Mapping[str, Any], *, actor: str,
+                    default_exhaustion: str | None = None) -> str | None:
+    """Why an actor's native options do not dead-letter, when an OJS policy overrides them.
+
+    ``None`` when the actor states no native option, or nothing says other than
+    ``"dead_letter"``. Call it on options ``actor_policy`` accepted.
+
+    >>> print(native_conflict({"max_retries": 2, "retry_policy": {"on_exhaustion": "discard"}},
+    ...                       actor="charge")[:51])
+    Actor 'charge' states Dramatiq's max_retries, which
+    >>> native_conflict({"max_retries": 2}, actor="charge") is None
+    True
+    """
+    native = native_options(options)
+    given = options.get(POLICY_OPTION)
+    if isinstance(given, RetryPolicy):
+        given = given.to_dict()
+    own = given.get("on_exhaustion") if isinstance(given, Mapping) else None
+    chosen, where = ((own, "its retry_policy") if own is not None
+                     else (default_exhaustion, "OjsRetries' default_policy"))
+    if not native or chosen is None or chosen == NATIVE_EXHAUSTION:
+        return None
+    return (f"Actor {actor!r} states Dramatiq's {', '.join(native)}, which natively puts an "
+            f"exhausted message (and a throws error) on <queue>.XQ, but {where} says "
+            f"on_exhaustion {chosen!r}: OJS wins, nothing of it reaches .XQ. To silence this, "
+            "state the policy in OJS terms only (max_attempts, initial_interval, "
+            "max_interval, non_retryable_errors in retry_policy).")
 
 
 def check_budget_option(options: Mapping[str, Any], *, actor: str) -> str | None:

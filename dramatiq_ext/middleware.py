@@ -5,8 +5,9 @@ executes the ``Decision``; it never reasons about the policy itself.
 
 - **One retry engine.** ``OjsRetries`` takes the place of Dramatiq's ``Retries``: the
   first time it sees the broker (an actor declared, a message sent, a worker booted)
-  it puts itself in ``Retries``' slot of ``broker.middleware`` and a no-op in its own,
-  and logs a warning. The slot matters: ``after_*`` hooks run in *reverse* order, so
+  it puts itself in ``Retries``' slot of ``broker.middleware`` and a no-op in its own
+  (logged at DEBUG; a WARNING if that ``Retries`` had settings of its own, ``_notices``).
+  The slot matters: ``after_*`` hooks run in *reverse* order, so
   in ``Retries``' place (last in the defaults) its ``after_process_message`` runs
   before ``Results``, ``Callbacks`` and the rest, which then see the decided job
   record. The list keeps its length, so a swap during a hook's loop over the
@@ -110,6 +111,7 @@ from dramatiq.middleware.time_limit import TimeLimitExceeded
 from dramatiq_ext._context import clear_current_job, set_current_job
 from dramatiq_ext._handoff import TOKEN_OPTION, Publisher, is_redis
 from dramatiq_ext._lease import HEARTBEAT, time_limit_paused
+from dramatiq_ext._notices import check_store, replaced_retries
 from dramatiq_ext._options import (
     BUDGET_OPTION,
     KEY_OPTION,
@@ -121,6 +123,7 @@ from dramatiq_ext._options import (
     check_budget_option,
     check_message_options,
     ensure_idempotency_key,
+    native_conflict,
     policy_option,
 )
 from dramatiq_ext._parking import DEFAULT_PREFIX, Parking
@@ -233,7 +236,8 @@ class OjsRetries(Middleware):
       default_policy: A (partial) policy mapping or ``RetryPolicy`` for actors and
         messages without their own ``retry_policy``; the OJS default otherwise.
       store: Where job records go (``stores.RecordStore``); by default the
-        ``Results`` backend, else the Redis broker's Redis, else process memory.
+        ``Results`` backend, else the Redis broker's Redis, else process memory (then a
+        worker says at start what that turns off: ``_notices``).
       jitter_source: Returns the jitter sample u in [0, 1); seed it in tests.
       history_limit: Error entries kept in the message and the record (>= 10).
       record_ttl: Milliseconds a job record is kept.
@@ -272,6 +276,9 @@ class OjsRetries(Middleware):
         self.logger = logging.getLogger(f"{__name__}.{type(self).__name__}")
         self.default_policy = policy_option(default_policy, base=RetryPolicy(),
                                             where="default_policy")
+        #: ``on_exhaustion`` as ``default_policy`` states it (it overrides native parity).
+        self._default_exhaustion: str | None = default_policy.get("on_exhaustion") \
+            if isinstance(default_policy, Mapping) else None
         self.jitter_source: JitterSource = jitter_source or random.random
         self.history_limit = max(history_limit, MIN_HISTORY)
         self.record_ttl = record_ttl
@@ -314,15 +321,22 @@ class OjsRetries(Middleware):
         if policy is None:
             actor = broker.get_actor(actor_name)
             policy = self._actor_policies[actor_name] = actor_policy(
-                actor.options, self.default_policy, actor=actor_name)
+                actor.options, self.default_policy, actor=actor_name,
+                default_exhaustion=self._default_exhaustion)
         return policy
 
     # -- declaring and sending: validation (RET-16) -------------------------------------
 
     def before_declare_actor(self, broker: Broker, actor: Any) -> None:
         self._claim(broker)
+        first = actor.actor_name not in self._actor_policies  # this hook runs twice per actor
         self._actor_policies[actor.actor_name] = actor_policy(
-            actor.options, self.default_policy, actor=actor.actor_name)
+            actor.options, self.default_policy, actor=actor.actor_name,
+            default_exhaustion=self._default_exhaustion)
+        conflict = first and native_conflict(actor.options, actor=actor.actor_name,
+                                             default_exhaustion=self._default_exhaustion)
+        if conflict:
+            self.logger.warning("%s", conflict)
         self._actor_budgets[actor.actor_name] = check_budget_option(
             actor.options, actor=actor.actor_name)
 
@@ -339,6 +353,7 @@ class OjsRetries(Middleware):
         self._claim(broker)
         recover_delays(broker)  # Redis: held retries come back after a lost link (issue 8)
         guard_acks(broker)  # RabbitMQ: no late ack lands on another message (issue 11)
+        check_store(broker, self.store_for(broker), self.logger)  # records per process? (#16)
 
     def after_worker_boot(self, broker: Broker, worker: Any) -> None:
         # Parked retries reach .DQ when due (issue 8); with parking off too, so that
@@ -675,9 +690,9 @@ class OjsRetries(Middleware):
                 slots[index] = self
                 if mine is not None:
                     slots[mine] = _ReplacedRetries()
-                self.logger.warning(
-                    "OjsRetries replaced %r at position %d: two retry engines cannot run "
-                    "together. Build the broker without Retries to silence this.", other, index)
+                level, why = replaced_retries(other)
+                self.logger.log(level, "OjsRetries replaced %r at position %d: %s", other,
+                                index, why)
 
     def _policy(self, broker: Broker, message: MessageProxy) -> RetryPolicy:
         base = self.actor_policy(broker, message.actor_name)

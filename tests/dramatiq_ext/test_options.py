@@ -57,11 +57,15 @@ def test_dramatiq_max_retries_and_backoff_translate_to_the_policy(stub_env: Env)
                            retry_policy={"jitter": False})
     policy = stub_env.ojs.actor_policy(stub_env.broker, actor.actor_name)
     assert (policy.max_attempts, policy.schedule()) == (3, [0.02, 0.03])
+    assert policy.on_exhaustion == "dead_letter"  # native parity: Dramatiq fail()s to .XQ
     stub_env.start()
     message = actor.send()
     record = stub_env.wait_record(message.message_id)
     assert len(calls) == 3
     assert record.extra["countdowns"] == [0.02, 0.03]
+    assert (record.outcome, record.dead_lettered) == ("dead_letter", True)
+    [dead] = stub_env.dead_letters(expect=1)
+    assert dead.message_id == message.message_id
 
 
 def test_dramatiq_throws_becomes_non_retryable(stub_env: Env) -> None:
@@ -70,10 +74,15 @@ def test_dramatiq_throws_becomes_non_retryable(stub_env: Env) -> None:
                            retry_policy={"non_retryable_errors": ["auth.*"]})
     policy = stub_env.ojs.actor_policy(stub_env.broker, actor.actor_name)
     assert policy.non_retryable_errors == ("auth.*", "LookupError")
+    assert policy.on_exhaustion == "dead_letter"  # Dramatiq fail()s a throws error to .XQ
     stub_env.start()
-    record = stub_env.wait_record(actor.send().message_id)
+    message = actor.send()
+    record = stub_env.wait_record(message.message_id)
     assert len(calls) == 1
     assert record.errors[0].code == "NON_RETRYABLE_ERROR"
+    assert (record.outcome, record.dead_lettered) == ("dead_letter", True)
+    [dead] = stub_env.dead_letters(expect=1)
+    assert dead.message_id == message.message_id
 
 
 @pytest.mark.parametrize(("options", "field"), [

@@ -1,0 +1,119 @@
+"""What ``OjsRetries`` says once, at declaration or worker start, when a setup changes behaviour.
+
+DESIGN.md "Nothing degrades silently": a guarantee the setup turns off is logged
+once, naming what is off and the fix, never per message. Two notices live here:
+
+- ``replaced_retries``: OjsRetries takes the slot of Dramatiq's ``Retries``. With
+  Dramatiq's default ``Retries()`` (in every broker built with the defaults) that is
+  what adding ``OjsRetries`` means, so it is a DEBUG line; a ``Retries`` the user
+  configured loses its settings, so that is a WARNING naming them.
+- ``check_store``: at worker start, a record store that keeps records in this process
+  only (no ``Results`` and no Redis on a ``RabbitmqBroker``, an in-process results
+  backend), or keeps no claims or leases (a ``Results`` backend other than Redis).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+
+from dramatiq.broker import Broker
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import Retries
+
+from dramatiq_ext.stores import MemoryRecordStore, ResultsRecordStore
+
+#: The ``Retries`` settings that differ from Dramatiq's defaults when a user configured them.
+_RETRIES_SETTINGS = ("max_retries", "min_backoff", "max_backoff", "retry_when")
+#: The fix named by every store notice.
+_STORE_FIX = ("give OjsRetries(store=RedisRecordStore(url=...)), or add Dramatiq's Results "
+              "middleware with a RedisBackend")
+#: Registry of the brokers whose store was checked in this process (one notice each).
+_CHECKED: weakref.WeakSet[Broker] = weakref.WeakSet()
+
+
+def replaced_retries(retries: Retries) -> tuple[int, str]:
+    """The level and text of the notice that ``OjsRetries`` took ``retries``' slot.
+
+    >>> replaced_retries(Retries())[0] == logging.DEBUG
+    True
+    >>> replaced_retries(Retries(max_retries=5))[0] == logging.WARNING
+    True
+    """
+    custom = _custom_settings(retries)
+    if not custom:
+        return logging.DEBUG, "one retry engine at a time (it had Dramatiq's defaults)."
+    return logging.WARNING, (
+        f"its settings ({', '.join(custom)}) no longer apply: OJS policies decide every "
+        "retry. State them as OjsRetries(default_policy={...}) (`ojs-retry migrate --from "
+        "dramatiq` translates them), and build the broker without Retries.")
+
+
+def check_store(broker: Broker, store: Any, logger: logging.Logger) -> None:
+    """Warn, once per broker and process, about the guarantees ``store`` turns off."""
+    if broker in _CHECKED:
+        return
+    _CHECKED.add(broker)
+    gaps = store_gaps(broker, store)
+    if gaps:
+        logger.warning("OjsRetries on %s with %s: %s. To keep them, %s.",
+                       type(broker).__name__, _describe(store), "; ".join(gaps), _STORE_FIX)
+
+
+def store_gaps(broker: Broker, store: Any) -> list[str]:
+    """The guarantees ``store`` turns off on ``broker``; empty for a shared, durable store.
+
+    A ``StubBroker`` lives in one process: its memory store turns nothing off.
+
+    >>> store_gaps(StubBroker(), MemoryRecordStore())
+    []
+    """
+    if isinstance(broker, StubBroker):
+        return []
+    if _in_process(store):
+        return ["job records are kept in this process only (get_job_record in a sender or "
+                "another worker returns None)",
+                "worker-crash counting is off (a crashed attempt comes back unseen and runs "
+                "again without consuming an attempt)",
+                "leases and claims hold within this process only (two workers may run "
+                "copies of one attempt)"]
+    gaps = []
+    if not _keeps(store, "claim"):
+        gaps.append("claims are off (two copies of one attempt may both run)")
+    if not _keeps(store, "lease"):
+        gaps.append("leases are off (a second delivery of a running attempt is taken for "
+                    "a crashed worker)")
+    return gaps
+
+
+def _custom_settings(retries: Retries) -> list[str]:
+    if type(retries) is not Retries:
+        return [f"a subclass, {type(retries).__qualname__}"]
+    defaults = Retries()
+    return [f"{name}={getattr(retries, name)!r}" for name in _RETRIES_SETTINGS
+            if getattr(retries, name) != getattr(defaults, name)]
+
+
+def _in_process(store: Any) -> bool:
+    if isinstance(store, MemoryRecordStore):
+        return True
+    if isinstance(store, ResultsRecordStore):
+        from dramatiq.results.backends import StubBackend
+
+        return isinstance(store.backend, StubBackend)
+    return False
+
+
+def _keeps(store: Any, what: str) -> bool:
+    """Whether ``store`` keeps claims (``"claim"``) or leases (``"lease"``) across processes."""
+    if isinstance(store, ResultsRecordStore):  # has both methods; they work on Redis only
+        client = getattr(store.backend, "client", None)
+        return hasattr(client, "set" if what == "claim" else "register_script")
+    return callable(getattr(store, what, None))
+
+
+def _describe(store: Any) -> str:
+    if isinstance(store, ResultsRecordStore):
+        return f"job records in its {type(store.backend).__name__} (Results)"
+    return f"job records in a {type(store).__name__}"
