@@ -7,6 +7,11 @@ same queue at that moment sees it empty. On AMQP a replay runs in a transaction:
 the copies' publishes and the dead deliveries' acks commit together, and a
 client stopped before ``tx.commit`` changes nothing. ``memory://`` lives in the
 process, so one step is atomic there.
+
+Neither can list queues: the dead-letter queues looked at are those of the app's
+queues and of the names given; on AMQP with ``discover``, also every queue the
+management API lists that fits one of the app's dead-letter templates.
+``coverage()`` says which it was.
 """
 
 from __future__ import annotations
@@ -18,8 +23,22 @@ from typing import Any
 
 from kombu.entity import Queue
 
-from celery_ext.dlq import JobRecords, dead_letter_of, dead_letter_queues, replay_headers
-from ojs_adapters.dlq import DeadLetter, ReplayMark
+from celery_ext.dlq import (
+    JobRecords,
+    dead_letter_of,
+    dead_letter_queues,
+    dead_letter_templates,
+    replay_headers,
+)
+from ojs_adapters.dlq import (
+    MANAGEMENT_OFF,
+    AmqpAddress,
+    Coverage,
+    DeadLetter,
+    ReplayMark,
+    list_queues,
+    originals,
+)
 
 #: Longest wait, in seconds, for messages given back by an earlier operation.
 _SETTLE = 1.0
@@ -32,18 +51,43 @@ class KombuDeadLetters:
 
     framework = "celery"
 
-    def __init__(self, app: Any, queues: Sequence[str]) -> None:
+    def __init__(self, app: Any, queues: Sequence[str], records: JobRecords, *,
+                 discover: bool = False, management: str | None = None) -> None:
         self.app = app
-        self.records = JobRecords(app)
+        self.records = records
         self.extra = list(queues)
+        self.discover = discover
+        self.management = management
         self._conn = app.connection_for_write()
         self._amqp = self._conn.transport.driver_type == "amqp"
+        self._coverage: Coverage | None = None
 
     def _names(self) -> dict[str, str]:
-        return dead_letter_queues(self.app, self.extra)
+        """``{dead-letter queue: original queue}`` to look at; notes the coverage."""
+        names = dead_letter_queues(self.app, self.extra)
+        if self._amqp and self.discover and self.management != MANAGEMENT_OFF:
+            listing = list_queues(self._address(), url=self.management)
+            if listing.names is not None:
+                found = originals(listing.names, dead_letter_templates(self.app))
+                names = {**found, **names}
+                self._coverage = Coverage(tuple(sorted(names)), True, listing.source)
+                return names
+            reason = f"RabbitMQ cannot list queues over AMQP; {listing.source}"
+        elif self._amqp:
+            reason = "RabbitMQ cannot list queues over AMQP"
+        else:
+            reason = f"kombu's {self._conn.transport.driver_type} transport cannot list queues"
+        self._coverage = Coverage(tuple(sorted(names)), False, reason)
+        return names
 
     def queues(self) -> list[str]:
         return sorted(set(self._names().values()))
+
+    def coverage(self) -> Coverage:
+        if self._coverage is None:
+            self._names()
+        assert self._coverage is not None
+        return self._coverage
 
     def scan(self, queue: str | None = None) -> list[DeadLetter]:
         letters: list[DeadLetter] = []
@@ -103,6 +147,11 @@ class KombuDeadLetters:
 
     def close(self) -> None:
         self._conn.release()
+
+    def _address(self) -> AmqpAddress:
+        conn = self._conn
+        return AmqpAddress(conn.hostname or "localhost", conn.virtual_host or "/",
+                           conn.userid or "", conn.password or "", bool(conn.ssl))
 
     def _ensure(self, queue: str) -> None:
         """Declare ``queue`` if it is gone (as the app configures it, else plain and durable).

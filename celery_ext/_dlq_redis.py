@@ -16,8 +16,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from celery_ext.dlq import JobRecords, dead_letter_of, dead_letter_queues, replay_headers
-from ojs_adapters.dlq import DeadLetter, ReplayMark
+from celery_ext.dlq import (
+    JobRecords,
+    dead_letter_of,
+    dead_letter_queues,
+    dead_letter_templates,
+    replay_headers,
+)
+from ojs_adapters.dlq import Coverage, DeadLetter, ReplayMark, glob_for, originals
 
 #: KEYS: dead-letter list, target list; ARGV: (dead envelope, copy) pairs. Moves each
 #: envelope still in the dead-letter list; returns how many moved.
@@ -46,11 +52,11 @@ class RedisDeadLetters:
 
     framework = "celery"
 
-    def __init__(self, app: Any, queues: Sequence[str]) -> None:
+    def __init__(self, app: Any, queues: Sequence[str], records: JobRecords) -> None:
         import redis
 
         self.app = app
-        self.records = JobRecords(app)
+        self.records = records
         self.extra = list(queues)
         self._conn = app.connection_for_write()
         self.channel = self._conn.default_channel
@@ -60,12 +66,20 @@ class RedisDeadLetters:
 
     def _names(self) -> dict[str, str]:
         names = dead_letter_queues(self.app, self.extra)
-        suffix = ".dead_letter"
-        for raw in self.client.scan_iter(match=f"{self.prefix}*{suffix}", count=1000,
-                                         _type="list"):
-            dead = raw.decode()[len(self.prefix):]
-            names.setdefault(dead, dead[:-len(suffix)])
+        templates = dead_letter_templates(self.app)
+        for pattern in self._patterns(templates):
+            keys = self.client.scan_iter(match=pattern, count=1000, _type="list")
+            found = originals([k.decode()[len(self.prefix):] for k in keys], templates)
+            names = {**found, **names}
         return names
+
+    def _patterns(self, templates: list[str]) -> list[str]:
+        return [glob_for(self.prefix + t) for t in templates]
+
+    def coverage(self) -> Coverage:
+        patterns = ", ".join(self._patterns(dead_letter_templates(self.app)))
+        return Coverage(tuple(sorted(self._names())), True,
+                        f"every Redis list matching {patterns}, and the app's queues")
 
     def _lists(self, dead: str) -> list[str]:
         return [self.prefix + self.channel._q_for_pri(dead, p) for p in self.channel.priority_steps]

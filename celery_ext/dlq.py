@@ -37,10 +37,14 @@ from kombu.serialization import prepare_accept_content as _untyped_accept
 from celery_ext._deadletter import DEAD_LETTER_HEADER
 from celery_ext._handoff import TOKEN_HEADER
 from celery_ext._headers import HEADER, HeaderState
-from celery_ext._routing import DEAD_LETTER_SETTING, dead_letter_queue_name
+from celery_ext._routing import (
+    DEAD_LETTER_SETTING,
+    DEFAULT_DEAD_LETTER_QUEUE,
+    dead_letter_queue_name,
+)
 from celery_ext.records import RecordStore
 from ojs_adapters import JobRecord
-from ojs_adapters.dlq import DeadLetter, DeadLetters, ReplayMark, last_error, load_object
+from ojs_adapters.dlq import DeadLetter, DeadLetters, ReplayMark, last_error, originals
 from ojs_adapters.dlq import replayed_record as _replayed_record
 from ojs_adapters.handoff import HEADER_NAMES
 
@@ -56,51 +60,111 @@ _DROPPED_HEADERS = frozenset({DEAD_LETTER_HEADER, *HEADER_NAMES, TOKEN_HEADER,
                               "x-first-death-queue", "x-first-death-reason"})
 
 
-def dead_letter_queue(app: Any, *, queues: Sequence[str] = ()) -> DeadLetters:
-    """The dead letters of Celery ``app``'s queues (its configured ones plus ``queues``).
+def dead_letter_queue(app: Any, *, queues: Sequence[str] = (), discover: bool = False,
+                      management: str | None = None,
+                      records: JobRecords | None = None) -> DeadLetters:
+    """The dead letters of Celery ``app``'s queues (configured, default, routed) plus ``queues``.
 
     On Redis the dead-letter queues of other queues are found too (by key pattern).
+    On RabbitMQ, with ``discover``, also those the management API lists
+    (``management``: its URL, default beside the broker; ``"none"`` skips it);
+    ``coverage()`` tells which. ``records``: where replays are stamped (default:
+    the app's result backend).
     """
+    records = records or JobRecords(app)
     with app.connection_for_write() as conn:
         transport = conn.transport.driver_type
     if transport in ("redis", "rediss"):
         from celery_ext._dlq_redis import RedisDeadLetters
 
-        return DeadLetters(RedisDeadLetters(app, queues))
+        return DeadLetters(RedisDeadLetters(app, queues, records))
     from celery_ext._dlq_kombu import KombuDeadLetters
 
-    return DeadLetters(KombuDeadLetters(app, queues))
+    return DeadLetters(KombuDeadLetters(app, queues, records, discover=discover,
+                                        management=management))
 
 
 def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
                            queues: Sequence[str] = (),
                            options: Mapping[str, str] | None = None) -> DeadLetters:
-    """The ``ojs_adapters.dlq`` entry point: ``app`` is ``"module:celery_app"``.
+    """The ``ojs_adapters.dlq`` entry point: ``app`` names the Celery app, as ``celery -A`` does.
 
-    ``broker`` (a URL) overrides the app's ``broker_url``; the job records are
-    updated in the app's result backend.
+    ``app`` (``module:attr``, or ``module`` for its ``app``/``celery`` attribute) is
+    imported from the current directory, with the modules the app's ``include``
+    and ``imports`` name (as a worker does, so every task's queue is known).
+    ``broker`` (a URL) overrides its ``broker_url``; job records are updated in
+    its result backend. Without ``app``, a bare app on ``broker`` looks in
+    ``celery.dead_letter`` and whatever else it finds; replay then needs
+    ``options["backend"]``, the workers' result backend. ``options["management"]``:
+    the RabbitMQ management API's URL, or ``none``.
     """
-    if not app:
-        raise ValueError("give --app module:app (the Celery app)")
-    found = load_object(app)
-    if not hasattr(found, "connection_for_write") or not hasattr(found, "conf"):
-        raise TypeError(f"{app} is {type(found).__name__}, not a Celery app")
+    options = options or {}
+    records: JobRecords | None = None
+    if app:
+        found = _app_named(app)
+    elif broker:
+        from celery import Celery
+
+        found = Celery("ojs-retry", broker=broker, backend=options.get("backend"),
+                       set_as_current=False)
+        records = JobRecords(found, reachable=bool(options.get("backend")))
+    else:
+        raise ValueError("give --app module[:app] (the Celery app) or --broker URL")
     if broker:
         found.conf.broker_url = broker
-    return dead_letter_queue(found, queues=queues)
+    return dead_letter_queue(found, queues=queues, discover=True, records=records,
+                             management=options.get("management"))
+
+
+def _app_named(app: str) -> Any:
+    """The Celery app ``app`` names, found the way ``celery -A`` finds it."""
+    from celery.app.utils import find_app
+    from celery.utils.imports import cwd_in_path
+
+    with cwd_in_path():
+        found = find_app(app)
+        if not hasattr(found, "connection_for_write") or not hasattr(found, "conf"):
+            raise TypeError(f"{app} is {type(found).__name__}, not a Celery app")
+        found.loader.import_default_modules()
+    return found
+
+
+def dead_letter_templates(app: Any) -> list[str]:
+    """The app's dead-letter queue name templates: its setting (or the default), tasks' own."""
+    found = [app.conf.get(DEAD_LETTER_SETTING) or DEFAULT_DEAD_LETTER_QUEUE]
+    for task in app.tasks.values():
+        own = getattr(type(task), "dead_letter_queue", None)
+        if own and own not in found:
+            found.append(own)
+    return found
+
+
+def app_queues(app: Any) -> set[str]:
+    """The queues ``app``'s workers take from: its queue table, and each task's own or routed queue.
+
+    The default queue counts only when it is in the table (it is unless ``task_queues``
+    leaves it out): a task merely falling back to it is not a sign that a worker reads it.
+    """
+    names = {str(q) for q in app.amqp.queues}
+    for name, task in app.tasks.items():
+        queue = getattr(task, "queue", None)
+        if not queue:
+            try:
+                queue = app.amqp.router.route({}, name, (), {}, task).get("queue")
+            except Exception:  # a user router that needs real arguments: nothing to learn
+                continue
+        queue = str(getattr(queue, "name", queue or ""))
+        if queue and queue != app.conf.task_default_queue:
+            names.add(queue)
+    return names
 
 
 def dead_letter_queues(app: Any, queues: Sequence[str]) -> dict[str, str]:
     """``{dead-letter queue: original queue}`` for the app's queues and ``queues``."""
-    names = {str(q) for q in app.amqp.queues} | set(queues)
-    names = {q for q in names if not q.endswith(".dead_letter")}
-    template = app.conf.get(DEAD_LETTER_SETTING)
-    found = {dead_letter_queue_name(q, template): q for q in names}
-    for task in app.tasks.values():  # tasks with a dead_letter_queue of their own
-        own = getattr(type(task), "dead_letter_queue", None)
-        if own:
-            found.update({dead_letter_queue_name(q, own): q for q in names})
-    return found
+    templates = dead_letter_templates(app)
+    names = app_queues(app) | set(queues)
+    names -= set(originals(names, templates))  # a dead-letter queue has none of its own
+    return {dead_letter_queue_name(q, t): q for t in reversed(templates) for q in names}
 
 
 def dead_letter_of(*, body: bytes | str, content_type: str, content_encoding: str,
@@ -150,13 +214,23 @@ def replay_headers(headers: Mapping[str, Any], mark: ReplayMark) -> dict[str, An
 
 
 class JobRecords:
-    """Stamps replays on job records in the app's result backend."""
+    """Stamps replays on job records in the app's result backend.
 
-    def __init__(self, app: Any) -> None:
+    ``reachable=False`` (an app built from a broker URL alone, whose backend may not
+    be the workers') makes a replay refuse: a worker finding the job's terminal
+    record at attempt 1 would drop the replayed copy as a duplicate.
+    """
+
+    def __init__(self, app: Any, *, reachable: bool = True) -> None:
         self.store = RecordStore(app.backend)
+        self.reachable = reachable
 
     def mark(self, letter: DeadLetter, mark: ReplayMark) -> None:
         """Reset the record for a replay (before the move: see the module docstring)."""
+        if not self.reachable:
+            raise RuntimeError(
+                "replay needs the workers' job records: pass --app module[:app] (the "
+                "workers' app), or --option backend=URL (their result backend)")
         record = self.store.load(letter.id) or JobRecord(
             id=letter.id, type=letter.task_type, queue=letter.queue, max_attempts=letter.attempt,
             attempt=letter.attempt, errors=letter.history)

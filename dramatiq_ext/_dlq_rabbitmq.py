@@ -8,6 +8,12 @@ moment sees it empty. A replay publishes the copies and acks their dead
 deliveries inside one AMQP transaction; a client stopped before ``tx.commit``
 changes nothing (the channel closes, the deliveries return). A dead message's
 key is its message id plus a digest of its body.
+
+AMQP cannot list queues either. The ``.XQ`` queues looked at are those of the
+broker's declared queues and of the names given; with ``discover``, also every
+``.XQ`` the management API lists or, when it does not answer, ``default.XQ`` if
+it exists (the queue of an actor declared without ``queue_name``). ``coverage()``
+says which it was.
 """
 
 from __future__ import annotations
@@ -24,12 +30,25 @@ from dramatiq.message import Message
 from pika.exceptions import ChannelClosedByBroker
 
 from dramatiq_ext.dlq import JobRecords, dead_letter_of, replay_message
-from ojs_adapters.dlq import DeadLetter, ReplayMark
+from ojs_adapters.dlq import (
+    MANAGEMENT_OFF,
+    AmqpAddress,
+    Coverage,
+    DeadLetter,
+    QueueListing,
+    ReplayMark,
+    list_queues,
+    originals,
+)
 
 #: AMQP reply code for a queue that does not exist.
 _NOT_FOUND = 404
 #: Seconds without a delivery after which a read of a dead-letter queue stops.
 _IDLE = 1.0
+#: The queue of an actor declared without ``queue_name``: looked in when nothing lists queues.
+DEFAULT_QUEUES = ("default",)
+#: How Dramatiq names a queue's dead-letter queue.
+XQ_TEMPLATE = "{queue}.XQ"
 
 
 class _Held(NamedTuple):
@@ -46,15 +65,35 @@ class RabbitmqDeadLetters:
 
     framework = "dramatiq"
 
-    def __init__(self, broker: Any, records: JobRecords, queues: Sequence[str]) -> None:
+    def __init__(self, broker: Any, records: JobRecords, queues: Sequence[str], *,
+                 discover: bool = False, management: str | None = None) -> None:
         self.broker = broker
         self.records = records
         self.extra = list(queues)
+        self.discover = discover
+        self.management = management
         self._connection: Any = None
+        self._coverage: Coverage | None = None
 
     def queues(self) -> list[str]:
-        declared = {q for q in self.broker.get_declared_queues() if not q.endswith((".DQ", ".XQ"))}
-        return sorted(declared | set(self.extra))
+        known = {q for q in self.broker.get_declared_queues() if not q.endswith((".DQ", ".XQ"))}
+        known |= set(self.extra)
+        listing = self._listing()
+        if listing is not None and listing.names is not None:
+            found = known | set(originals(listing.names, [XQ_TEMPLATE]).values())
+            self._coverage = Coverage(_xqs(found), True, listing.source)
+            return sorted(found)
+        defaults = {q for q in DEFAULT_QUEUES if self.discover} - known
+        reason = "RabbitMQ cannot list queues over AMQP"
+        reason += f"; {listing.source}" if listing else ""
+        self._coverage = Coverage(_xqs(known | defaults), False, reason)
+        return sorted(known | {q for q in defaults if self._exists(xq_name(q))})
+
+    def coverage(self) -> Coverage:
+        if self._coverage is None:
+            self.queues()
+        assert self._coverage is not None
+        return self._coverage
 
     def scan(self, queue: str | None = None) -> list[DeadLetter]:
         letters: list[DeadLetter] = []
@@ -112,22 +151,32 @@ class RabbitmqDeadLetters:
             self._connection.close()
         self._connection = None
 
+    def _listing(self) -> QueueListing | None:
+        if not self.discover or self.management == MANAGEMENT_OFF:
+            return None
+        return list_queues(_address(self.broker), url=self.management)
+
+    def _exists(self, queue: str) -> bool:
+        channel = self._open()
+        try:
+            channel.queue_declare(queue, passive=True)
+            return True
+        except ChannelClosedByBroker as exc:
+            if exc.reply_code != _NOT_FOUND:
+                raise
+            return False
+        finally:
+            if channel.is_open:
+                channel.close()
+
     def _ensure(self, queue: str) -> None:
         """Declare ``queue`` the broker's way if it is gone; leave an existing one as it is.
 
         (Declaring an existing queue with other arguments, say without the workers'
         ``x-max-priority``, is an AMQP error.)
         """
-        channel = self._open()
-        try:
-            channel.queue_declare(queue, passive=True)
-        except ChannelClosedByBroker as exc:
-            if exc.reply_code != _NOT_FOUND:
-                raise
+        if not self._exists(queue):
             self.broker.declare_queue(queue, ensure=True)
-        finally:
-            if channel.is_open:
-                channel.close()
 
     def _open(self) -> Any:
         if self._connection is None or not self._connection.is_open:
@@ -161,6 +210,19 @@ class RabbitmqDeadLetters:
         finally:
             if channel.is_open:
                 channel.close()  # returns whatever is still unacknowledged
+
+
+def _xqs(queues: set[str]) -> tuple[str, ...]:
+    return tuple(sorted(xq_name(q) for q in queues))
+
+
+def _address(broker: Any) -> AmqpAddress:
+    """Where ``broker`` connects (its first connection parameters, if it has several)."""
+    parameters = broker.parameters
+    first = parameters[0] if isinstance(parameters, list) else parameters
+    credentials = first.credentials
+    return AmqpAddress(first.host, first.virtual_host, getattr(credentials, "username", ""),
+                       getattr(credentials, "password", ""), first.ssl_options is not None)
 
 
 def _take_all(channel: Any, queue: str) -> list[_Held]:

@@ -16,7 +16,7 @@ from typing import Any
 from dramatiq.message import Message
 
 from dramatiq_ext.dlq import JobRecords, dead_letter_of, replay_message
-from ojs_adapters.dlq import DeadLetter, ReplayMark
+from ojs_adapters.dlq import Coverage, DeadLetter, ReplayMark, glob_for
 
 #: Moves dead messages back to their queue, each only if it is still dead (so a
 #: second replay of the same message does nothing). KEYS: xq, xq.msgs, queue,
@@ -53,10 +53,17 @@ class RedisDeadLetters:
 
     def queues(self) -> list[str]:
         prefix, found = f"{self.namespace}:", set(self.extra)
-        for raw in self.client.scan_iter(match=f"{prefix}*.XQ", count=1000, _type="zset"):
+        for raw in self.client.scan_iter(match=self._pattern(), count=1000, _type="zset"):
             found.add(_text(raw)[len(prefix):-len(".XQ")])
         declared = {q for q in self.broker.get_declared_queues() if not q.endswith((".DQ", ".XQ"))}
         return sorted(found | declared)
+
+    def coverage(self) -> Coverage:
+        looked = tuple(f"{q}.XQ" for q in self.queues())
+        return Coverage(looked, True, f"every Redis key matching {self._pattern()!r}")
+
+    def _pattern(self) -> str:
+        return glob_for(f"{self.namespace}:{{queue}}.XQ")
 
     def scan(self, queue: str | None = None) -> list[DeadLetter]:
         letters: list[DeadLetter] = []

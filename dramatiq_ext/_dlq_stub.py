@@ -9,7 +9,7 @@ from typing import Any
 from dramatiq.common import q_name
 
 from dramatiq_ext.dlq import JobRecords, dead_letter_of, replay_message
-from ojs_adapters.dlq import DeadLetter, ReplayMark
+from ojs_adapters.dlq import Coverage, DeadLetter, ReplayMark
 
 #: One lock for every StubBroker: a registry of nothing but mutual exclusion.
 _LOCK = threading.Lock()
@@ -28,6 +28,9 @@ class StubDeadLetters:
     def queues(self) -> list[str]:
         dead = [q_name(name) for name, items in self.broker.dead_letters_by_queue.items() if items]
         return sorted({*dead, *self.extra})
+
+    def coverage(self) -> Coverage:
+        return Coverage(tuple(f"{q}.XQ" for q in self.queues()), True, "the StubBroker's memory")
 
     def scan(self, queue: str | None = None) -> list[DeadLetter]:
         with _LOCK:

@@ -32,8 +32,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
+from types import ModuleType
 from typing import Any
 
+from dramatiq import broker as dramatiq_broker
 from dramatiq.broker import Broker
 from dramatiq.common import q_name
 from dramatiq.message import Message
@@ -60,13 +62,17 @@ _HOP_OPTIONS = frozenset({"eta", "redis_message_id", TOKEN_OPTION, *HEADER_NAMES
 
 
 def dead_letter_queue(broker: Broker, *, queues: Sequence[str] = (),
-                      store: RecordStore | None = None) -> DeadLetters:
+                      store: RecordStore | None = None, discover: bool = False,
+                      management: str | None = None) -> DeadLetters:
     """The dead letters of ``broker`` (StubBroker, RedisBroker or RabbitmqBroker).
 
-    ``queues`` adds queue names to look at beyond those the broker knows: a
-    RabbitMQ connection cannot list queues, so there the broker's declared
-    queues (its actors') plus ``queues`` are all that is seen. ``store`` is where
-    the workers keep job records (see ``JobRecords``).
+    ``queues`` adds queue names to look at beyond those found. Redis and the stub
+    list every dead-letter queue. A RabbitMQ connection cannot list queues: there
+    the broker's declared queues (its actors') plus ``queues`` are looked at, and
+    with ``discover`` every ``.XQ`` the management API lists (``management``: its
+    URL, default beside the broker; ``"none"`` skips it), else ``default.XQ`` too.
+    ``coverage()`` tells which. ``store`` is where the workers keep job records
+    (see ``JobRecords``).
     """
     records = JobRecords(broker, store)
     kind = type(broker).__name__
@@ -81,7 +87,8 @@ def dead_letter_queue(broker: Broker, *, queues: Sequence[str] = (),
     if kind == "RabbitmqBroker":
         from dramatiq_ext._dlq_rabbitmq import RabbitmqDeadLetters
 
-        return DeadLetters(RabbitmqDeadLetters(broker, records, queues))
+        return DeadLetters(RabbitmqDeadLetters(broker, records, queues, discover=discover,
+                                               management=management))
     raise TypeError(f"no dead-letter support for {kind}")
 
 
@@ -90,25 +97,31 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
                            options: Mapping[str, str] | None = None) -> DeadLetters:
     """The ``ojs_adapters.dlq`` entry point: ``app`` names a broker object, or ``broker`` a URL.
 
-    With ``--app module:broker`` the job records are updated where the workers
-    keep them (its ``OjsRetries`` store). With a URL, ``options["namespace"]`` is
-    the Redis broker's namespace (default ``dramatiq``) and records go where
-    ``OjsRetries`` keeps them by default for that broker (Redis without
-    ``Results``: the broker's Redis). ``options["records"]`` (a Redis URL, with
-    ``records_prefix``) names a ``RedisRecordStore`` instead. A RabbitMQ URL
-    alone reaches no records: list, show, delete, purge and prune work, replay
-    refuses (``JobRecords``).
+    ``app`` is read as ``dramatiq`` reads its first argument, from the current
+    directory: ``module:broker``, or ``module`` alone for its ``broker`` attribute,
+    else the global broker importing it set. The job records are then updated
+    where the workers keep them (its ``OjsRetries`` store). With a URL,
+    ``options["namespace"]`` is the Redis broker's namespace (default ``dramatiq``)
+    and records go where ``OjsRetries`` keeps them by default for that broker
+    (Redis without ``Results``: the broker's Redis). ``options["records"]`` (a
+    Redis URL, with ``records_prefix``) names a ``RedisRecordStore`` instead. A
+    RabbitMQ URL alone reaches no records: list, show, delete, purge and prune
+    work, replay refuses (``JobRecords``). On RabbitMQ every dead-letter queue is
+    looked for (``discover``; ``options["management"]`` is the API's URL or ``none``).
     """
     options = options or {}
     store = RedisRecordStore(url=options["records"], prefix=options.get(
         "records_prefix", "ojs-record")) if options.get("records") else None
+    management = options.get("management")
+
+    def opened(found: Broker) -> DeadLetters:
+        return dead_letter_queue(found, queues=queues, store=store, discover=True,
+                                 management=management)
+
     if app:
-        found = load_object(app)
-        if not isinstance(found, Broker):
-            raise TypeError(f"{app} is {type(found).__name__}, not a Dramatiq broker")
-        return dead_letter_queue(found, queues=queues, store=store)
+        return opened(_broker_named(app))
     if not broker:
-        raise ValueError("give --app module:broker or --broker URL")
+        raise ValueError("give --app module[:broker] or --broker URL")
     scheme = broker.split(":", 1)[0]
     built: Broker
     if scheme in ("redis", "rediss", "unix"):
@@ -122,7 +135,20 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
         built = RabbitmqBroker(url=broker)
     else:
         raise ValueError(f"unsupported Dramatiq broker URL scheme {scheme!r}")
-    return _Owning(dead_letter_queue(built, queues=queues, store=store).store, built)
+    return _Owning(opened(built).store, built)
+
+
+def _broker_named(app: str) -> Broker:
+    """The broker ``app`` names (``module:attr``, or ``module``: see ``open_dead_letter_queue``)."""
+    found = load_object(app)
+    if isinstance(found, ModuleType):
+        found = getattr(found, "broker", None) or dramatiq_broker.global_broker
+        if found is None:
+            raise TypeError(f"{app} has no 'broker' and set no global broker; "
+                            f"name it: --app {app}:ATTRIBUTE")
+    if not isinstance(found, Broker):
+        raise TypeError(f"{app} is {type(found).__name__}, not a Dramatiq broker")
+    return found
 
 
 class _Owning(DeadLetters):

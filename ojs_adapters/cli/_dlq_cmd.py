@@ -1,10 +1,13 @@
 """``ojs-retry dlq``: list, show, replay, delete, purge and prune dead letters.
 
 Every verb opens the framework's dead letters through ``ojs_adapters.dlq``
-(``--framework dramatiq --broker URL``, or ``--app module:attr`` naming the app or
-broker object) and prints a table or, with ``--json``, one JSON document. The
-core imports no framework: the adapter is found through the ``ojs_adapters.dlq``
-entry points and loaded only when a verb runs.
+(``--broker URL``, or ``--app module[:attr]`` naming the app or broker object,
+imported from the current directory as ``celery -A`` does) and prints a table or,
+with ``--json``, one JSON document. Without ``--queue`` it looks in every
+dead-letter queue it can find; where the broker cannot list them all (RabbitMQ
+without its management API) it says on stderr where it looked. The core imports
+no framework: the adapter is found through the ``ojs_adapters.dlq`` entry points
+and loaded only when a verb runs.
 
 >>> from click.testing import CliRunner
 >>> CliRunner().invoke(dlq, ["list", "--framework", "none"]).exit_code
@@ -44,15 +47,19 @@ def _connection(command: Callable[P, R]) -> Callable[P, R]:
     for decorator in reversed((
         click.option("--framework", required=True, metavar="NAME",
                      help="celery or dramatiq (any installed ojs_adapters.dlq backend)."),
-        click.option("--app", metavar="MODULE:ATTR",
-                     help="The Celery app, or the Dramatiq broker, to work through."),
+        click.option("--app", metavar="MODULE[:ATTR]",
+                     help="The Celery app (read as celery -A reads it), or the Dramatiq "
+                          "broker (as dramatiq does), imported from the current directory."),
         click.option("--broker", metavar="URL",
-                     help="Broker URL: Dramatiq's broker instead of --app; for Celery, "
-                          "overrides the app's broker_url."),
+                     help="Broker URL, instead of --app; with --app, overrides Celery's "
+                          "broker_url."),
         click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
-                     help="Framework setting. Dramatiq: namespace=NS (Redis broker), "
+                     help="Framework setting. management=URL or none (the RabbitMQ "
+                          "management API that lists dead-letter queues; default "
+                          "http://BROKER_HOST:15672). Dramatiq: namespace=NS (Redis broker), "
                           "records=REDIS_URL and records_prefix=P (the workers' "
-                          "RedisRecordStore)."),
+                          "RedisRecordStore). Celery without --app: backend=URL (the "
+                          "workers' result backend, for replay)."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document."),
     )):
         command = decorator(command)
@@ -62,7 +69,8 @@ def _connection(command: Callable[P, R]) -> Callable[P, R]:
 def _filters(command: Callable[P, R]) -> Callable[P, R]:
     """The options that select dead letters."""
     for decorator in reversed((
-        click.option("--queue", help="Only this original queue (RabbitMQ needs it without --app)."),
+        click.option("--queue", help="Only this original queue (found even where the broker "
+                                     "cannot list queues)."),
         click.option("--task-type", help="Task or actor name; shell patterns allowed."),
         click.option("--error-type", help="Type of the last error, e.g. 'payment.*'."),
         click.option("--since", help="Dead-lettered at or after: ISO 8601 time, or a duration ago "
@@ -86,6 +94,23 @@ def _opened(framework: str, app: str | None, broker: str | None, options: tuple[
         yield dlq
     finally:
         dlq.close()
+
+
+def _partial(found: DeadLetterQueue, queue: str | None, app: str | None) -> str | None:
+    """What to say when the look may have missed dead-letter queues; ``None`` if it did not."""
+    if queue is not None:
+        return None
+    coverage = found.coverage()
+    if coverage.complete:
+        return None
+    hint = "--queue NAME" if app else "--queue NAME or --app MODULE"
+    return (f"note: not every dead-letter queue may have been seen; {coverage.describe()}; "
+            f"pass {hint} to look elsewhere")
+
+
+def _tell(note: str | None) -> None:
+    if note:
+        click.echo(note, err=True)
 
 
 def _reports_errors(command: Callable[P, R]) -> Callable[P, R]:
@@ -127,6 +152,8 @@ def dlq() -> None:
     \b
     Examples:
       ojs-retry dlq list --framework dramatiq --broker redis://localhost:6379/0
+      ojs-retry dlq list --framework dramatiq --broker amqp://guest:guest@localhost:5672/%2F
+      ojs-retry dlq list --framework celery --app app   (from the app's folder, as celery -A)
       ojs-retry dlq list --framework celery --app myapp.celery:app --error-type 'payment.*'
       ojs-retry dlq show JOB_ID --framework celery --app myapp.celery:app
       ojs-retry dlq replay --framework dramatiq --app myapp.broker:broker --task-type charge
@@ -147,10 +174,14 @@ def list_(framework: str, app: str | None, broker: str | None, options: tuple[st
     filters = _filter(queue, task_type, error_type, since, until)
     with _opened(framework, app, broker, options, queue) as queue_:
         found = queue_.list(filters, page=page, per_page=per_page)
+        coverage = None if queue else queue_.coverage()
+        note = _partial(queue_, queue, app)
     if as_json:
         print_json({"page": found.number, "per_page": found.size, "pages": found.pages,
                     "total": found.total,
-                    "items": [x.to_dict(payload=False) for x in found.items]})
+                    "items": [x.to_dict(payload=False) for x in found.items],
+                    "coverage": coverage.to_dict() if coverage else None})
+        _tell(note)
         return
     table = Table(title=f"page {found.number}/{found.pages}, {found.total} dead letters")
     for name in ("id", "queue", "task type", "error", "attempt", "replays", "dead-lettered at"):
@@ -159,19 +190,22 @@ def list_(framework: str, app: str | None, broker: str | None, options: tuple[st
         table.add_row(x.id, x.queue, x.task_type, x.error_type or "-", str(x.attempt),
                       str(x.replay_count), x.to_dict(payload=False)["dead_lettered_at"])
     console().print(table)
+    _tell(note)
 
 
 @dlq.command()
 @click.argument("job_id")
 @_connection
-@click.option("--queue", help="The job's original queue (RabbitMQ needs it without --app).")
+@click.option("--queue", help="The job's original queue.")
 @_reports_errors
 def show(job_id: str, framework: str, app: str | None, broker: str | None,
          options: tuple[str, ...], as_json: bool, queue: str | None) -> None:
     """Show one dead job: its full error history and original payload."""
     with _opened(framework, app, broker, options, queue) as queue_:
         found = queue_.show(job_id)
+        note = _partial(queue_, queue, app) if found is None else None
     if found is None:
+        _tell(note)
         raise click.ClickException(f"no dead letter with id {job_id!r}")
     data = found.to_dict()
     if as_json:
@@ -208,6 +242,8 @@ def replay(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
         raise click.UsageError("give job ids, a filter, or --all")
     with _opened(framework, app, broker, options, queue) as queue_:
         report = queue_.replay(filters, limit=limit)
+        note = _partial(queue_, queue, app)
+    _tell(note)
     if as_json:
         print_json({"replayed": list(report.replayed), "skipped": list(report.skipped)})
         return
@@ -229,6 +265,8 @@ def delete(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
         raise click.UsageError("give job ids or a filter (purge removes everything)")
     with _opened(framework, app, broker, options, queue) as queue_:
         removed = queue_.delete(filters)
+        note = _partial(queue_, queue, app)
+    _tell(note)
     print_json({"deleted": removed}) if as_json else click.echo(f"deleted {removed}")
 
 
@@ -246,12 +284,14 @@ def purge(framework: str, app: str | None, broker: str | None, options: tuple[st
         click.confirm(f"Delete every matching dead letter ({framework})?", abort=True)
     with _opened(framework, app, broker, options, queue) as queue_:
         removed = queue_.purge(filters)
+        note = _partial(queue_, queue, app)
+    _tell(note)
     print_json({"purged": removed}) if as_json else click.echo(f"purged {removed}")
 
 
 @dlq.command()
 @_connection
-@click.option("--queue", help="Only look at this queue (RabbitMQ needs it without --app).")
+@click.option("--queue", help="Only look at this queue.")
 @click.option("--max-age", default=format_duration(DEFAULT_MAX_AGE), show_default=True,
               help="ISO 8601 duration; older dead letters go. 'none' keeps any age.")
 @click.option("--max-count", default=str(DEFAULT_MAX_COUNT), show_default=True,
@@ -265,4 +305,6 @@ def prune(framework: str, app: str | None, broker: str | None, options: tuple[st
         max_count=None if max_count == "none" else int(max_count))
     with _opened(framework, app, broker, options, queue) as queue_:
         removed = queue_.prune(retention, queue=queue)
+        note = _partial(queue_, queue, app)
+    _tell(note)
     print_json({"pruned": removed}) if as_json else click.echo(f"pruned {removed}")

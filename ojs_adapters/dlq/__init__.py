@@ -4,8 +4,10 @@ List (filter by queue, task type, error type and time; paginated), show one job
 with its history and original payload, replay (back to its queue as attempt 1,
 history kept, ``replay_count`` and ``last_replayed_at`` recorded), delete, purge,
 and retention (180 days and 10,000 per queue by default) on demand or from a
-scheduler. The broker work lives in the adapters (``dramatiq_ext.dlq``,
-``celery_ext.dlq``), found through the entry-point group ``ojs_adapters.dlq``.
+scheduler. Where a broker cannot list its queues (RabbitMQ without its
+management API), ``coverage()`` says which dead-letter queues were looked in.
+The broker work lives in the adapters (``dramatiq_ext.dlq``, ``celery_ext.dlq``),
+found through the entry-point group ``ojs_adapters.dlq``.
 
 >>> from datetime import datetime, timezone
 >>> from ojs_adapters.dlq.memory import MemoryDeadLetterStore
@@ -19,6 +21,17 @@ scheduler. The broker work lives in the adapters (``dramatiq_ext.dlq``,
 (('m1',), 1)
 """
 
+from ojs_adapters.dlq._discovery import (
+    MANAGEMENT_OFF,
+    MANAGEMENT_TIMEOUT,
+    AmqpAddress,
+    Coverage,
+    QueueListing,
+    glob_for,
+    list_queues,
+    management_url,
+    originals,
+)
 from ojs_adapters.dlq._model import (
     DeadLetter,
     DeadLetterFilter,
@@ -57,8 +70,12 @@ __all__ = [
     "DEFAULT_MAX_COUNT",
     "DEFAULT_RETENTION",
     "ENTRY_POINT_GROUP",
+    "MANAGEMENT_OFF",
+    "MANAGEMENT_TIMEOUT",
     "PAGE_SIZE",
     "REPLAY_BATCH",
+    "AmqpAddress",
+    "Coverage",
     "DeadLetter",
     "DeadLetterFilter",
     "DeadLetterQueue",
@@ -66,15 +83,20 @@ __all__ = [
     "DeadLetters",
     "Opener",
     "Page",
+    "QueueListing",
     "ReplayMark",
     "ReplayReport",
     "Retention",
     "Selection",
     "expired",
     "frameworks",
+    "glob_for",
     "last_error",
+    "list_queues",
     "load_object",
+    "management_url",
     "open_dead_letter_queue",
+    "originals",
     "prune_hook",
     "replayed_record",
 ]

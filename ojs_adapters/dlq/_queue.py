@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import NamedTuple, Protocol, TypeAlias
 
+from ojs_adapters.dlq._discovery import Coverage
 from ojs_adapters.dlq._model import DeadLetter, DeadLetterFilter, Page, ReplayMark
 from ojs_adapters.dlq._retention import DEFAULT_RETENTION, Retention, expired
 from ojs_adapters.history import utc_now
@@ -56,6 +57,9 @@ class DeadLetterStore(Protocol):
     def queues(self) -> list[str]:
         """The original queues that have a dead-letter queue, sorted."""
 
+    def coverage(self) -> Coverage:
+        """Where the last look for dead-letter queues looked (looking now if none was made)."""
+
     def scan(self, queue: str | None = None) -> list[DeadLetter]:
         """Every dead letter of ``queue`` (of every queue for ``None``)."""
 
@@ -79,6 +83,8 @@ class DeadLetterQueue(Protocol):
     """Dead-letter management for one framework on one broker (see ``DeadLetters``)."""
 
     def queues(self) -> builtins.list[str]: ...
+
+    def coverage(self) -> Coverage: ...
 
     def list(self, filters: DeadLetterFilter | None = None, *, page: int = 1,
              per_page: int = PAGE_SIZE) -> Page: ...
@@ -116,6 +122,11 @@ class DeadLetters:
     def queues(self) -> builtins.list[str]:
         """The original queues that have dead letters (or a dead-letter queue)."""
         return self.store.queues()
+
+    def coverage(self) -> Coverage:
+        """The dead-letter queues the last operation over every queue looked in, and whether
+        that was all of them (RabbitMQ cannot always say: see ``ojs_adapters.dlq``)."""
+        return self.store.coverage()
 
     def list(self, filters: DeadLetterFilter | None = None, *, page: int = 1,
              per_page: int = PAGE_SIZE) -> Page:

@@ -15,7 +15,10 @@ True
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
@@ -28,10 +31,11 @@ ENTRY_POINT_GROUP = "ojs_adapters.dlq"
 class Opener(Protocol):
     """Opens a framework's dead letters.
 
-    ``app`` is ``"module:attribute"`` naming the user's app or broker object;
-    ``broker`` a broker URL; ``queues`` the queues to look at when the broker
-    cannot list them (RabbitMQ); ``options`` framework-specific settings
-    (for example Dramatiq's Redis ``namespace``).
+    ``app`` is ``"module:attribute"`` (or ``"module"``, as the framework's own CLI
+    reads it) naming the user's app or broker object; ``broker`` a broker URL;
+    ``queues`` queues to look at beyond those found; ``options`` framework-specific
+    settings (Dramatiq's Redis ``namespace``; ``management``, the RabbitMQ
+    management API's URL or ``none``).
     """
 
     def __call__(self, *, app: str | None = None, broker: str | None = None,
@@ -60,15 +64,38 @@ def open_dead_letter_queue(framework: str, *, app: str | None = None, broker: st
 
 
 def load_object(spec: str) -> Any:
-    """The object ``"package.module:attr.sub"`` names (for ``--app``).
+    """The object ``"package.module:attr.sub"`` names, or the module ``"package.module"``.
+
+    The current directory is put first on ``sys.path`` while importing, as
+    ``celery -A`` and ``dramatiq`` do, so ``--app app:app`` works from the app's
+    own folder (a console script's ``sys.path`` starts at its own ``bin``).
 
     >>> load_object("ojs_adapters.dlq:DeadLetters").__name__
     'DeadLetters'
     """
     module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"{spec!r} is not 'module:attribute'")
-    found: Any = importlib.import_module(module_name)
-    for part in attribute.split("."):
+    if not module_name:
+        raise ValueError(f"{spec!r} is not 'module' or 'module:attribute'")
+    with cwd_on_path():
+        found: Any = importlib.import_module(module_name)
+    for part in filter(None, attribute.split(".")):
         found = getattr(found, part)
     return found
+
+
+@contextmanager
+def cwd_on_path() -> Iterator[None]:
+    """Put the current directory first on ``sys.path`` for the block (if it is not there)."""
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:  # the directory was removed under us
+        cwd = ""
+    if not cwd or cwd in sys.path:
+        yield
+        return
+    sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        with suppress(ValueError):
+            sys.path.remove(cwd)

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
+from ojs_adapters.dlq._discovery import Coverage
 from ojs_adapters.dlq._model import DeadLetter, ReplayMark
 
 
@@ -39,6 +40,9 @@ class MemoryDeadLetterStore:
     def queues(self) -> list[str]:
         with self._lock:
             return sorted({x.queue for x in self.letters})
+
+    def coverage(self) -> Coverage:
+        return Coverage(tuple(self.queues()), True, "process memory")
 
     def scan(self, queue: str | None = None) -> list[DeadLetter]:
         with self._lock:

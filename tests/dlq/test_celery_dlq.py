@@ -122,6 +122,8 @@ def worker(request: pytest.FixtureRequest) -> Iterator[Jobs]:
     """One in-process worker per broker for this module, on queues of its own."""
     broker = broker_named(request.param)
     app = broker.make_app(f"ojs-dlq-{broker.name}")
+    # A default queue of its own: the shared broker's celery.dead_letter is not this test's.
+    app.conf.task_default_queue = broker.queue_name("default")
     queues = [broker.queue_name(f"d{i}") for i in range(5)]
     made = Jobs(broker, app, list(queues))
     quiet = [logging.getLogger(n) for n in ("celery", "celery_ext", "ojs_adapters")]
