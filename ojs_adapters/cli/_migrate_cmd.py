@@ -21,6 +21,10 @@ from ojs_adapters.cli._io import (
 from ojs_adapters.errors import OjsValidationError
 from ojs_adapters.migrate import DIALECTS, Migration, migrate_path, migrate_text
 
+#: Exit status when a job has no policy, or a lossy one not accepted with --allow-lossy:
+#: both need a decision from a person, so they share the status.
+EXIT_NEEDS_DECISION = EXIT_UNSUPPORTED
+
 
 @click.command()
 @click.option("--from", "dialect", required=True, type=click.Choice(sorted(DIALECTS)),
@@ -30,24 +34,31 @@ from ojs_adapters.migrate import DIALECTS, Migration, migrate_path, migrate_text
               help="Sidekiq or Faktory version (the delay formula and defaults depend on it).")
 @click.option("--cap-unbounded", "cap", type=click.IntRange(min=1), metavar="N",
               help="Use N attempts where the source retries for ever (Celery max_retries=None, "
-                   "Dramatiq retry_when, Temporal maximumAttempts 0). Reported as lossy.")
+                   "Dramatiq retry_when, Temporal maximumAttempts 0). Noted as lossy (asked); "
+                   "it does not fail the run.")
+@click.option("--allow-lossy", is_flag=True,
+              help="Exit 0 even when a translation is lossy (the notes still say what is lost).")
 @click.option("--ruby", is_flag=True, help="Read stdin as Ruby source (sidekiq_options lines).")
 @click.option("--rows", is_flag=True, help="Also print the fidelity table, retry by retry.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @reports_ojs_errors
-def migrate(dialect: str, source: str, version: str | None, cap: int | None, ruby: bool,
-            rows: bool, as_json: bool) -> None:
+def migrate(dialect: str, source: str, version: str | None, cap: int | None, allow_lossy: bool,
+            ruby: bool, rows: bool, as_json: bool) -> None:
     """Translate another system's retry settings into OJS policies.
 
     FILE|DIR is a JSON or YAML file of options (one job's, a mapping of job
     names to options, or a list), a Sidekiq .rb file (literal sidekiq_options
-    lines; anything dynamic is reported, not guessed), a directory searched for
-    such files, or - for stdin. For each job it prints the policy as JSON, the
-    notes on every lossy or approximate step, and the fidelity: the worst
-    ratio of new to old expected delay over all retries.
+    lines and sidekiq_retry_in blocks with literal answers; anything else is
+    reported, not guessed), a directory searched for such files, or - for
+    stdin. For each job it prints the policy as JSON, the notes on every lossy
+    or approximate step, and the fidelity: the worst ratio of new to old
+    expected delay and the total retry window, old and new.
 
-    Exit status 3 when a job has no OJS equivalent (for example Celery
-    max_retries=None): nothing is capped silently; pass --cap-unbounded N.
+    A translation is lossy when a note says behaviour is lost or the schedule
+    is not kept (a retry off by more than 2.5x and a minute, or the total
+    window by more than 25%). Exit status 3 when a job is lossy (unless
+    --allow-lossy) or has no OJS equivalent at all (for example Celery
+    max_retries=None: nothing is capped silently; pass --cap-unbounded N).
 
     \b
     Example:
@@ -55,6 +66,7 @@ def migrate(dialect: str, source: str, version: str | None, cap: int | None, rub
       ojs-retry migrate --from celery tasks.yaml --json
       echo '{"retry": -1}' | ojs-retry migrate --from faktory -
       ojs-retry migrate --from celery tasks.json --cap-unbounded 50
+      ojs-retry migrate --from sidekiq app/jobs/ --allow-lossy
     """
     spec = DIALECTS[dialect]
     if version is not None and not spec.takes_version:
@@ -73,14 +85,30 @@ def migrate(dialect: str, source: str, version: str | None, cap: int | None, rub
         raise OjsValidationError(f"no {dialect} retry settings found in {source}",
                                  code="INVALID_PAYLOAD",
                                  details={"field": source, "rule": "must hold retry settings"})
+    ok = all(m.ok or (allow_lossy and m.policy is not None) for m in found)
     if as_json:
-        print_json({"dialect": dialect, "ok": all(m.ok for m in found),
+        print_json({"dialect": dialect, "ok": ok, "allow_lossy": allow_lossy,
                     "migrations": [m.to_dict() for m in found]})
     else:
         for migration in found:
             _show(migration, rows)
-    if not all(m.ok for m in found):
-        sys.exit(EXIT_UNSUPPORTED)
+        _verdict(found, allow_lossy)
+    if not ok:
+        sys.exit(EXIT_NEEDS_DECISION)
+
+
+def _verdict(found: list[Migration], allow_lossy: bool) -> None:
+    """One closing line on stderr: how many jobs need a decision, and which flag decides."""
+    missing = sum(m.policy is None for m in found)
+    lossy = sum(m.policy is not None and m.lossy for m in found)
+    if not missing and not lossy:
+        return
+    parts = [f"{missing} without an OJS policy"] if missing else []
+    if lossy:
+        parts.append(f"{lossy} lossy" + (" (accepted: --allow-lossy)" if allow_lossy
+                                          else " (pass --allow-lossy to accept)"))
+    click.echo(f"{len(found)} job(s) migrated: " + ", ".join(parts) + "; see the lossy and "
+               "unsupported notes", err=True)
 
 
 def _show(migration: Migration, rows: bool) -> None:
@@ -108,6 +136,10 @@ def _show(migration: Migration, rows: bool) -> None:
                 table.add_row(str(row.retry), _band(row.old.low, row.old.high),
                               _band(row.new.low, row.new.high), ratio)
             out.print(table)
+    if migration.policy is not None:
+        verdict = "LOSSY: behaviour is lost, see the lossy notes" if migration.lossy \
+            else "exact" if migration.exact else "ok: approximate, intent kept"
+        out.print(f"verdict: {verdict}", markup=False)
 
 
 def _band(low: float, high: float) -> str:

@@ -21,7 +21,17 @@ from typing import Any
 from ojs_adapters.backoff import JITTER_HIGH, JITTER_LOW
 from ojs_adapters.durations import format_duration
 from ojs_adapters.errors import OjsValidationError
-from ojs_adapters.migrate._model import Band, Fidelity, FidelityRow, Note, Severity
+from ojs_adapters.migrate._model import (
+    RETRY_TOLERANCE,
+    SLACK_S,
+    WINDOW_TOLERANCE,
+    Band,
+    Fidelity,
+    FidelityRow,
+    Note,
+    Severity,
+    human_span,
+)
 from ojs_adapters.policy import RetryPolicy
 
 #: Retries compared in a fidelity table (and fitted); enough for any real schedule.
@@ -36,9 +46,10 @@ MAX_INTERVAL_S = 10.0 ** 9
 class Notes(list[Note]):
     """The notes of one translation as it is built (a local, never shared)."""
 
-    def add(self, severity: Severity, field: str | None, text: str) -> None:
-        """Append a note."""
-        self.append(Note(severity, field, text))
+    def add(self, severity: Severity, field: str | None, text: str, *,
+            asked: bool = False) -> None:
+        """Append a note; ``asked`` when the caller chose the step (see ``Note``)."""
+        self.append(Note(severity, field, text, asked))
 
 
 def bad_option(dialect: str, field: str, value: Any, rule: str) -> OjsValidationError:
@@ -185,6 +196,37 @@ def compare(old: Sequence[Band], policy: RetryPolicy) -> Fidelity:
     count = min(len(old), policy.max_retries, MAX_COMPARED)
     return Fidelity(tuple(FidelityRow(n, old[n - 1], policy_band(policy, n))
                           for n in range(1, count + 1)), policy.max_retries)
+
+
+def judged(old: Sequence[Band], policy: RetryPolicy, notes: Notes) -> Fidelity:
+    """``compare`` and a note with the verdict: ``approximate`` if faithful, else ``lossy``."""
+    fidelity = compare(old, policy)
+    worst = fidelity.worst
+    if worst is None or fidelity.exact:
+        return fidelity
+    ratio = f" ({worst.ratio:.3g}x)" if math.isfinite(worst.ratio) else ""
+    window = (f"total retry window {human_span(fidelity.old_total)} -> "
+              f"{human_span(fidelity.new_total)}")
+    if math.isfinite(fidelity.window_ratio):
+        window += f" ({100 * (fidelity.window_ratio - 1):+.1f}%)"
+    rule = (f"each retry and the whole window within {RETRY_TOLERANCE:g}x and "
+            f"{WINDOW_TOLERANCE:g}x, or {SLACK_S:g} s")
+    if fidelity.faithful:
+        notes.add("approximate", None, f"expected delays differ most at retry {worst.retry}: "
+                  f"{human_span(worst.new.mean)} where the source waits "
+                  f"{human_span(worst.old.mean)}{ratio}; {window}; within tolerance "
+                  f"({rule})")
+        return fidelity
+    strays = fidelity.strays
+    what = [window]
+    if strays:
+        first = strays[0]
+        what.insert(0, f"{len(strays)} of {len(fidelity.rows)} retries off, first retry "
+                    f"{first.retry}: {human_span(first.new.mean)} where the source waits "
+                    f"{human_span(first.old.mean)}")
+    notes.add("lossy", None, "the schedule is not kept: " + "; ".join(what)
+              + f" (tolerance: {rule})")
+    return fidelity
 
 
 def fixed_band(seconds: float) -> Band:

@@ -63,7 +63,8 @@ DIALECTS: dict[str, Dialect] = {
     "temporal": Dialect(from_temporal, frozenset({
         "initialInterval", "backoffCoefficient", "maximumInterval", "maximumAttempts",
         "nonRetryableErrorTypes", "initial_interval", "backoff_coefficient", "maximum_interval",
-        "maximum_attempts", "non_retryable_error_types"}), takes_cap=True),
+        "maximum_attempts", "non_retryable_error_types", "scheduleToCloseTimeout",
+        "schedule_to_close_timeout"}), takes_cap=True),
     "queue": Dialect(from_queue_backoff, frozenset({"MaxRetries", "RetryBackoffBaseMS",
                                                     "RetryBackoffMaxMS", "max_retries"})),
 }

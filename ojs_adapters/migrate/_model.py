@@ -2,7 +2,10 @@
 
 A ``Migration`` is the OJS policy chosen for one job's retry settings in another
 dialect, every lossy or approximate step in plain words (``notes``), and a
-comparison of the old and new delay schedules (``fidelity``).
+comparison of the old and new delay schedules (``fidelity``). A migration is
+``lossy`` when a note says so or when the new schedule is not ``faithful``:
+fidelity is judged on the whole schedule, retry by retry and over the total
+retry window, against the tolerances below.
 
 >>> band = Band(10.0, 20.0, 15.0)
 >>> Fidelity((FidelityRow(1, band, Band(7.5, 22.5, 15.0)),)).worst_ratio
@@ -24,11 +27,22 @@ from ojs_adapters.policy import RetryPolicy
 #: ``unsupported`` means OJS has no equivalent and nothing was guessed.
 Severity = Literal["info", "approximate", "lossy", "unsupported"]
 SEVERITIES: tuple[Severity, ...] = ("info", "approximate", "lossy", "unsupported")
+#: Severities that make a migration lossy (unless the caller asked for the step).
+LOSSY: frozenset[Severity] = frozenset({"lossy", "unsupported"})
+#: A retry strays when its expected delay is off by more than this factor ...
+RETRY_TOLERANCE = 2.5
+#: ... and by more than this many seconds: a ratio of short delays overstates a change.
+SLACK_S = 60.0
+#: The expected total retry window may be off by at most this factor (or ``SLACK_S``).
+WINDOW_TOLERANCE = 1.25
 
 
 @dataclass(frozen=True, slots=True)
 class Note:
     """One remark on a translation step, tied to the source option it concerns.
+
+    ``asked`` marks a step the caller chose (a cap for unbounded retries): it
+    keeps its severity but does not make the migration lossy.
 
     >>> str(Note("lossy", "retry_when", "a predicate is code; it was not translated"))
     'lossy: retry_when: a predicate is code; it was not translated'
@@ -37,14 +51,21 @@ class Note:
     severity: Severity
     field: str | None
     text: str
+    asked: bool = False
 
     def __str__(self) -> str:
         where = f"{self.field}: " if self.field else ""
-        return f"{self.severity}: {where}{self.text}"
+        return f"{self.severity}{' (asked)' if self.asked else ''}: {where}{self.text}"
+
+    @property
+    def lossy(self) -> bool:
+        """Whether this step drops behaviour the caller did not agree to drop."""
+        return self.severity in LOSSY and not self.asked
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON for ``ojs-retry migrate --json``."""
-        return {"severity": self.severity, "field": self.field, "text": self.text}
+        return {"severity": self.severity, "field": self.field, "text": self.text,
+                "asked": self.asked}
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +145,30 @@ class Fidelity:
         return math.fsum(row.new.mean for row in self.rows)
 
     @property
+    def window_ratio(self) -> float:
+        """New expected total retry window over the old one (1.0 when both are empty)."""
+        if self.old_total == 0:
+            return 1.0 if self.new_total == 0 else math.inf
+        return self.new_total / self.old_total
+
+    @property
+    def strays(self) -> tuple[FidelityRow, ...]:
+        """Rows off by more than ``RETRY_TOLERANCE`` and by more than ``SLACK_S``."""
+        return tuple(row for row in self.rows if _stray(row.ratio) > math.log(RETRY_TOLERANCE)
+                     and abs(row.new.mean - row.old.mean) > SLACK_S)
+
+    @property
+    def window_ok(self) -> bool:
+        """Whether the total window is within ``WINDOW_TOLERANCE`` (or ``SLACK_S``)."""
+        return (_stray(self.window_ratio) <= math.log(WINDOW_TOLERANCE)
+                or abs(self.new_total - self.old_total) <= SLACK_S)
+
+    @property
+    def faithful(self) -> bool:
+        """No retry strays and the total window holds: the schedule keeps its intent."""
+        return self.window_ok and not self.strays
+
+    @property
     def exact(self) -> bool:
         """Whether every old and new band agree to the millisecond."""
         return all(row.old.to_dict() == row.new.to_dict() for row in self.rows)
@@ -138,17 +183,22 @@ class Fidelity:
         if self.exact:
             return f"exact: all {len(self.rows)} retry delays match{scope}"
         ratio = "inf" if math.isinf(worst.ratio) else f"{worst.ratio:.3g}"
+        window = self.window_ratio
+        change = "" if math.isinf(window) else f" ({100 * (window - 1):+.1f}%)"
         return (f"worst ratio {ratio} (new/old expected delay) at retry {worst.retry}; "
-                f"expected total wait {_human(self.old_total)} -> {_human(self.new_total)}"
-                f"{scope}")
+                f"expected total wait {human_span(self.old_total)} -> "
+                f"{human_span(self.new_total)}{change}{scope}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON with the summary figures first."""
         worst = self.worst
         ratio = self.worst_ratio
+        window = self.window_ratio
         return {
             "worst_ratio": None if math.isinf(ratio) else round(ratio, 4),
             "worst_retry": None if worst is None else worst.retry,
+            "window_ratio": None if math.isinf(window) else round(window, 4),
+            "faithful": self.faithful,
             "exact": self.exact,
             "retries_compared": len(self.rows),
             "old_total_seconds": _r(self.old_total),
@@ -166,7 +216,8 @@ class Migration:
     retry count, a retry predicate) and no stand-in was asked for; the notes
     say why. ``handler_codes`` maps error types to the response code a handler
     must raise (``JobError(type, code=...)``) to keep per-error behaviour the
-    policy cannot hold.
+    policy cannot hold. ``ok`` holds only when there is a policy and the
+    migration is not ``lossy``.
 
     >>> from ojs_adapters.migrate import from_faktory
     >>> m = from_faktory({"retry": -1})
@@ -184,9 +235,15 @@ class Migration:
     options: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     @property
+    def lossy(self) -> bool:
+        """A note drops behaviour not asked for, or the schedule is not ``faithful``."""
+        return (any(note.lossy for note in self.notes)
+                or (self.fidelity is not None and not self.fidelity.faithful))
+
+    @property
     def ok(self) -> bool:
-        """Whether there is a policy to use."""
-        return self.policy is not None
+        """There is a policy and nothing was lost: it can be used as it is."""
+        return self.policy is not None and not self.lossy
 
     @property
     def exact(self) -> bool:
@@ -207,6 +264,7 @@ class Migration:
             "name": self.name,
             "origin": self.origin,
             "ok": self.ok,
+            "lossy": self.lossy,
             "exact": self.exact,
             "policy": None if self.policy is None else self.policy.to_dict(),
             "handler_codes": dict(self.handler_codes),
@@ -225,7 +283,7 @@ def _r(seconds: float) -> float:
     return round(seconds, 3)
 
 
-def _human(seconds: float) -> str:
+def human_span(seconds: float) -> str:
     """``20.4d``, ``3.2h``, ``12m``, ``45s``: a short reading of a length of time."""
     for unit, size in (("d", 86_400.0), ("h", 3_600.0), ("m", 60.0)):
         if seconds >= size:

@@ -4,9 +4,10 @@ It also reads ``Sidekiq.default_job_options = {...}`` (and the older
 ``default_worker_options``), reported under that name.
 
 It understands only literals: integers, floats, ``true``/``false``/``nil``,
-symbols, quoted strings and ``N.unit`` durations (``3.days``). Anything else
-(a constant, a method call, ``ENV[...]``, a ``sidekiq_retry_in`` block) is
-recorded as *dynamic* with its line, never guessed.
+symbols, quoted strings and ``N.unit`` durations (``3.days``). A
+``sidekiq_retry_in`` block is read when its answers are literal
+(``_ruby_block``). Anything else (a constant, a method call, ``ENV[...]``,
+any other block) is recorded as *dynamic* with its line, never guessed.
 
 >>> [job] = read_ruby("class HardJob\\n  sidekiq_options retry: 5, dead: false\\nend\\n")
 >>> (job.name, job.options, job.dynamic)
@@ -19,11 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Seconds in each ActiveSupport duration unit Sidekiq users write (``3.days``).
-DURATION_UNITS: dict[str, int] = {
-    "second": 1, "seconds": 1, "minute": 60, "minutes": 60, "hour": 3_600, "hours": 3_600,
-    "day": 86_400, "days": 86_400, "week": 604_800, "weeks": 604_800,
-}
+from ojs_adapters.migrate._arith import DURATION_UNITS
+from ojs_adapters.migrate._ruby_block import read_block
 
 _CLASS = re.compile(r"^\s*class\s+([A-Z][\w:]*)")
 _OPTIONS = re.compile(r"^\s*sidekiq_options\b(.*)$")
@@ -75,15 +73,22 @@ def read_ruby(text: str) -> list[RubyJob]:
             jobs.append(RubyJob(call[0], number, options, tuple(dynamic)))
         elif retry_in:
             block, index = _block(retry_in.group(1), lines, index)
-            results = sorted({f":{s}" for s in _RESULT_SYMBOL.findall(block)})
             where = _job_for(jobs, current_class, number)
-            job = jobs[where]
-            said = f" returning {', '.join(results)} in some cases" if results else ""
-            jobs[where] = RubyJob(
-                job.name, job.line, {**job.options, "sidekiq_retry_in": Dynamic("block" + said)},
-                (*job.dynamic, (number, "sidekiq_retry_in " + retry_in.group(1).strip())))
+            jobs[where] = _with_retry_in(jobs[where], block, number, retry_in.group(1))
         index += 1
     return jobs
+
+
+def _with_retry_in(job: RubyJob, block: str, line: int, first: str) -> RubyJob:
+    """``job`` with its ``sidekiq_retry_in`` answers, or the block as dynamic."""
+    answers = read_block(block)
+    if answers is not None:
+        return RubyJob(job.name, job.line, {**job.options, "sidekiq_retry_in": answers},
+                       job.dynamic)
+    results = sorted({f":{s}" for s in _RESULT_SYMBOL.findall(block)})
+    said = f" returning {', '.join(results)} in some cases" if results else ""
+    return RubyJob(job.name, job.line, {**job.options, "sidekiq_retry_in": Dynamic("block" + said)},
+                   (*job.dynamic, (line, "sidekiq_retry_in " + first.strip())))
 
 
 def _options_call(line: str, current_class: str | None) -> tuple[str | None, str] | None:

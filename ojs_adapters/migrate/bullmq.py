@@ -21,11 +21,11 @@ from typing import Any
 from ojs_adapters.migrate._common import (
     Notes,
     bad_option,
-    compare,
     compared,
     get_int,
     get_number,
     iso_seconds,
+    judged,
     normalize,
     note_ignored,
     policy_from,
@@ -55,8 +55,9 @@ def from_bullmq(options: Mapping[str, Any] | None, *, name: str | None = None,
     if parsed is None:
         return Migration(DIALECT, None, tuple(notes), name=name, origin=origin, options=opts)
     kind, delay_ms, jitter = parsed
-    delay = positive_interval(delay_ms / 1000, "backoff.delay", notes) if attempts > 1 \
-        else min(max(delay_ms / 1000, 0.001), LONGEST_CAP_S)
+    wait = delay_ms / 1000 * (1 - jitter / 2)  # the expected delay under BullMQ's jitter
+    delay = positive_interval(wait, "backoff.delay", notes) if attempts > 1 \
+        else min(max(wait, 0.001), LONGEST_CAP_S)
     retries = max(attempts - 1, 0)
     grow = kind == "exponential"
     top = delay * 2 ** min(max(retries - 1, 0), 1000) if grow else delay
@@ -72,10 +73,12 @@ def from_bullmq(options: Mapping[str, Any] | None, *, name: str | None = None,
     if jitter:
         notes.add("approximate", "backoff.jitter",
                   f"BullMQ draws from [{1 - jitter:g}, 1) x delay; OJS jitter would draw from "
-                  "[0.5, 1.5), so the policy keeps jitter off and waits the full delay")
+                  "[0.5, 1.5), so the policy keeps jitter off and waits the expected delay, "
+                  f"{1 - jitter / 2:g} x delay")
     old = [_band(delay_ms / 1000 * (2 ** min(n - 1, 1000) if grow else 1), jitter)
            for n in range(1, compared(retries) + 1)]
-    return Migration(DIALECT, policy, tuple(notes), compare(old, policy), {}, name, origin, opts)
+    fidelity = judged(old, policy, notes)
+    return Migration(DIALECT, policy, tuple(notes), fidelity, {}, name, origin, opts)
 
 
 def _band(seconds: float, jitter: float) -> Band:

@@ -24,7 +24,6 @@ from typing import Any
 from ojs_adapters.migrate._common import (
     Notes,
     bad_option,
-    compare,
     compared,
     fixed_band,
     full_jitter_band,
@@ -33,6 +32,7 @@ from ojs_adapters.migrate._common import (
     get_names,
     get_number,
     iso_seconds,
+    judged,
     normalize,
     note_ignored,
     policy_from,
@@ -78,7 +78,7 @@ def from_celery(options: Mapping[str, Any] | None, *, unbounded_attempts: int | 
             return Migration(DIALECT, None, tuple(notes), name=name, origin=origin, options=opts)
         retries = max(unbounded_attempts - 1, 0)
         notes.add("lossy", key, f"None: Celery retries for ever; capped at {unbounded_attempts} "
-                  "attempts as asked")
+                  "attempts as asked", asked=True)
 
     autoretry = get_names(opts, "autoretry_for", DIALECT)
     never = get_names(opts, "dont_autoretry_for", DIALECT)
@@ -106,14 +106,19 @@ def from_celery(options: Mapping[str, Any] | None, *, unbounded_attempts: int | 
         top = get_int(opts, "retry_backoff_max", DIALECT, default=DEFAULT_BACKOFF_MAX, minimum=0)
         assert top is not None
         old = [_backoff_band(factor, r, top, jitter) for r in range(compared(retries))]
-        initial = positive_interval(float(min(factor, top)), "retry_backoff_max", notes)
+        scale = 0.5 if jitter else 1.0  # full jitter's mean is half the countdown
+        initial = positive_interval(min(factor, top) * scale, "retry_backoff_max", notes)
         fields.update(backoff_strategy="exponential", backoff_coefficient=2.0, jitter=jitter,
                       initial_interval=iso_seconds(initial),
-                      max_interval=iso_seconds(max(float(top), initial)))
+                      max_interval=iso_seconds(max(top * scale, initial)))
         if jitter:
             notes.add("approximate", "retry_jitter",
                       "Celery's full jitter draws from [0, countdown] (mean half of it); OJS "
-                      "jitter draws from [0.5, 1.5) x delay (mean the delay itself)")
+                      "jitter draws from [0.5, 1.5) x delay (mean the delay itself), so "
+                      "initial_interval and max_interval are half of Celery's factor and "
+                      "retry_backoff_max: the expected delays match and each wait falls in "
+                      "[0.25, 0.75] x the countdown. The opt-in extension jitter_mode 'full' "
+                      "reproduces Celery's draw exactly")
     else:
         if factor and not autoretry:
             notes.add("info", "retry_backoff", "applies only to autoretry_for; explicit "
@@ -124,7 +129,8 @@ def from_celery(options: Mapping[str, Any] | None, *, unbounded_attempts: int | 
         fields.update(backoff_strategy="none", jitter=False,
                       initial_interval=iso_seconds(delay), max_interval=iso_seconds(delay))
     policy = policy_from(fields)
-    return Migration(DIALECT, policy, tuple(notes), compare(old, policy), {}, name, origin, opts)
+    fidelity = judged(old, policy, notes)
+    return Migration(DIALECT, policy, tuple(notes), fidelity, {}, name, origin, opts)
 
 
 def _backoff_band(factor: int, retries: int, top: int, jitter: bool) -> Band:

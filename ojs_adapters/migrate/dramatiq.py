@@ -7,11 +7,12 @@ Dramatiq allows). The delay for retry count r (0-based) is
 ``max_backoff`` times [0.5, 1). ``throws`` errors fail at once; a failed
 message goes to the broker's dead-letter queue, so ``on_exhaustion`` is
 ``dead_letter``. ``retry_when`` is code and replaces ``max_retries``: no
-policy is proposed for it unless ``unbounded_attempts`` names a cap.
+policy is proposed for it unless ``unbounded_attempts`` names a cap. The OJS
+initial interval is 1.5 x ``min_backoff``, so the expected delays match.
 
 >>> m = from_dramatiq({"max_retries": 3, "min_backoff": 1000})
 >>> (m.policy.max_attempts, m.policy.schedule(), m.policy.on_exhaustion)
-(4, [1.0, 2.0, 4.0], 'dead_letter')
+(4, [1.5, 3.0, 6.0], 'dead_letter')
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from typing import Any
 
 from ojs_adapters.migrate._common import (
     Notes,
-    compare,
     compared,
     get_int,
     get_names,
     iso_seconds,
+    judged,
     normalize,
     note_ignored,
     policy_from,
@@ -82,7 +83,7 @@ def _capped(opts: dict[str, Any], notes: Notes, key: str, cap: int | None, name:
         notes.add("unsupported", key, why + "; no policy is proposed. Choose a cap "
                   "(unbounded_attempts=, or --cap-unbounded N) to get one")
         return Migration(DIALECT, None, tuple(notes), name=name, origin=origin, options=opts)
-    notes.add("lossy", key, why + f"; capped at {cap} attempts as asked")
+    notes.add("lossy", key, why + f"; capped at {cap} attempts as asked", asked=True)
     return _translate(opts, notes, max(cap - 1, 0), name, origin)
 
 
@@ -103,7 +104,8 @@ def _translate(opts: dict[str, Any], notes: Notes, retries: int, name: str | Non
                   "policy; hook the adapter's dead-letter event instead")
     notes.add("info", None, "a failed Dramatiq message goes to the dead-letter queue: "
               "on_exhaustion 'dead_letter'")
-    initial = positive_interval(min(min_ms, max_ms) / 1000, "min_backoff", notes)
+    # Dramatiq's factor in [1, 2) has mean 1.5, OJS jitter's mean is 1: scale to keep the mean.
+    initial = positive_interval(min(1.5 * min_ms, max_ms) / 1000, "min_backoff", notes)
     policy = policy_from({
         "max_attempts": retries + 1, "on_exhaustion": "dead_letter",
         "non_retryable_errors": list(throws), "backoff_strategy": "exponential",
@@ -114,6 +116,8 @@ def _translate(opts: dict[str, Any], notes: Notes, retries: int, name: str | Non
         notes.add("approximate", "min_backoff",
                   "Dramatiq multiplies the delay by [1, 2) (mean 1.5) and redraws past "
                   "max_backoff from [0.5, 1) x max; OJS multiplies by [0.5, 1.5) (mean 1) and "
-                  "caps at max_interval")
+                  "caps at max_interval, so initial_interval is 1.5 x min_backoff to keep the "
+                  "expected delays")
     old = [dramatiq_band(r, min_ms=min_ms, max_ms=max_ms) for r in range(compared(retries))]
-    return Migration(DIALECT, policy, tuple(notes), compare(old, policy), {}, name, origin, opts)
+    fidelity = judged(old, policy, notes)
+    return Migration(DIALECT, policy, tuple(notes), fidelity, {}, name, origin, opts)

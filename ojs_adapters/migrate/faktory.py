@@ -5,7 +5,8 @@ morgue); ``0`` means one attempt and the job is discarded; ``-1`` means one
 attempt and straight to the morgue. A payload *without* ``retry`` gets the
 default of 25 on Faktory 1.6.0 and later (faktory#385 made the field a
 pointer), but unmarshals to 0 (discarded) on earlier servers (faktory#144).
-The delay is ``count**4 + 15 + rand(30) * (count + 1)`` seconds, count from 0.
+The delay is ``count**4 + 15 + rand(30) * (count + 1)`` seconds, count from 0:
+Sidekiq's old formula, so it gets the same mapping (ojs-retry section 3.4).
 
 >>> [from_faktory({"retry": r}).policy.on_exhaustion for r in (25, 0, -1)]
 ['dead_letter', 'discard', 'dead_letter']
@@ -21,15 +22,15 @@ from typing import Any
 from ojs_adapters.migrate._common import (
     Notes,
     bad_option,
-    compare,
     compared,
     get_int,
+    judged,
     normalize,
     note_ignored,
     parse_version,
     policy_from,
 )
-from ojs_adapters.migrate._fit import polynomial_fields
+from ojs_adapters.migrate._fit import spec_polynomial
 from ojs_adapters.migrate._model import Band, Migration
 
 DIALECT = "faktory"
@@ -62,15 +63,16 @@ def from_faktory(options: Mapping[str, Any] | None, *, version: str | None = Non
     if retries == 0 or retries == -1:
         exhaust = "discard" if retries == 0 else "dead_letter"
         policy = policy_from({"max_attempts": 1, "on_exhaustion": exhaust})
-        return Migration(DIALECT, policy, tuple(notes), compare([], policy), {}, name, origin,
-                         opts)
+        fidelity = judged([], policy, notes)
+        return Migration(DIALECT, policy, tuple(notes), fidelity, {}, name, origin, opts)
     old = [faktory_band(c) for c in range(compared(retries))]
-    shape, why = polynomial_fields([b.mean for b in old], retries)
+    shape, why = spec_polynomial([b.mean for b in old], retries)
     policy = policy_from({"max_attempts": retries + 1, "on_exhaustion": "dead_letter", **shape})
     notes.add("approximate", "retry", "Faktory's delay " + why)
     notes.add("info", "retry", "exhausted jobs go to Faktory's Dead set: on_exhaustion "
               "'dead_letter'")
-    return Migration(DIALECT, policy, tuple(notes), compare(old, policy), {}, name, origin, opts)
+    fidelity = judged(old, policy, notes)
+    return Migration(DIALECT, policy, tuple(notes), fidelity, {}, name, origin, opts)
 
 
 def _retries(opts: dict[str, Any], version: str | None, notes: Notes) -> int:

@@ -4,11 +4,13 @@
 ``RetryBackoffBaseMS`` (500) doubles per retry up to ``RetryBackoffMaxMS``
 (30 000), and the delay is drawn with *full jitter*, uniform in [0, that
 value]. A job out of retries stays in the store in state ``Failed`` for manual
-or dead-letter handling: ``on_exhaustion`` is ``dead_letter``.
+or dead-letter handling: ``on_exhaustion`` is ``dead_letter``. The OJS policy
+halves the base and the cap, so its expected delays (OJS jitter's mean is the
+delay itself) match the queue's (full jitter's mean is half the delay).
 
 >>> m = from_queue_backoff({"MaxRetries": 2, "RetryBackoffBaseMS": 1000})
->>> (m.policy.max_attempts, m.policy.schedule())
-(3, [1.0, 2.0])
+>>> (m.policy.max_attempts, m.policy.schedule(), m.ok)
+(3, [0.5, 1.0], True)
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ojs_adapters.migrate._common import (
+    MAX_INTERVAL_S,
     Notes,
-    compare,
     compared,
     full_jitter_band,
     get_int,
     iso_seconds,
+    judged,
     normalize,
     note_ignored,
     policy_from,
@@ -51,12 +54,12 @@ def from_queue_backoff(options: Mapping[str, Any] | None, *, name: str | None = 
     base_ms = get_int(opts, "RetryBackoffBaseMS", DIALECT, default=DEFAULT_BASE_MS, minimum=0)
     max_ms = get_int(opts, "RetryBackoffMaxMS", DIALECT, default=DEFAULT_MAX_MS, minimum=0)
     assert retries is not None and base_ms is not None and max_ms is not None
-    initial = positive_interval(min(base_ms, max_ms) / 1000, "RetryBackoffBaseMS", notes)
+    initial = positive_interval(min(base_ms, max_ms) / 2000, "RetryBackoffBaseMS", notes)
     policy = policy_from({
         "max_attempts": retries + 1, "on_exhaustion": "dead_letter",
         "backoff_strategy": "exponential", "backoff_coefficient": 2.0, "jitter": True,
         "initial_interval": iso_seconds(initial),
-        "max_interval": iso_seconds(max(max_ms / 1000, initial)),
+        "max_interval": iso_seconds(min(max(max_ms / 2000, initial), MAX_INTERVAL_S)),
     })
     notes.add("info", "MaxRetries", f"{retries} retries: max_attempts {retries + 1} (OJS counts "
               "the first run)")
@@ -65,7 +68,10 @@ def from_queue_backoff(options: Mapping[str, Any] | None, *, name: str | None = 
     if retries:
         notes.add("approximate", "jitter", "full jitter draws from [0, delay] (mean half of "
                   "it); OJS jitter draws from [0.5, 1.5) x delay. DESIGN.md keeps full jitter "
-                  "an opt-in extension, so the policy uses the OJS multiplier")
+                  "an opt-in extension, so the policy uses the OJS multiplier with half the "
+                  "base and cap: the expected delays match, and each wait falls in "
+                  "[0.25, 0.75] x the queue's delay (never at once)")
     old = [full_jitter_band(min(base_ms * 2 ** min(n - 1, 64), max_ms) / 1000)
            for n in range(1, compared(retries) + 1)]
-    return Migration(DIALECT, policy, tuple(notes), compare(old, policy), {}, name, origin, opts)
+    fidelity = judged(old, policy, notes)
+    return Migration(DIALECT, policy, tuple(notes), fidelity, {}, name, origin, opts)

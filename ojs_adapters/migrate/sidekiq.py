@@ -4,77 +4,75 @@ Sidekiq counts *retries* (``retry: 25`` is 26 attempts) and overloads ``retry``:
 ``true`` is the default count, ``false`` means no retry *and* no dead set, and
 ``0`` means no retry but straight to the dead set. ``dead: false`` keeps
 exhausted jobs out of the dead set. ``retry_for`` (7.1.3+) limits retries by
-time; from 8.1 it replaces the count. ``sidekiq_retry_in`` may return seconds,
-``:kill`` (to the dead set now) or ``:discard`` (dropped now, since 6.5.2).
+time; from 8.1 it replaces the count.
 
-Sidekiq's delay before retry ``count`` (0-based) is ``count**4 + 15`` plus a
-random term that changed twice (``SIDEKIQ_JITTER``). The OJS policy chosen is
-polynomial, fitted so the worst per-retry ratio of expected delays is as small
-as it can be; ``Migration.fidelity`` reports it.
+The delay (``_sidekiq_delay``): Sidekiq's default formula gets the mapping
+ojs-retry section 3.4 names, polynomial with coefficient 4.0, with the initial
+interval that keeps the expected total retry window. A ``sidekiq_retry_in``
+formula is fitted, and the fit's error reported; ``:kill`` and ``:discard``
+for an error class become ``non_retryable_errors`` (or a handler response
+code where they end elsewhere). ``Migration.fidelity`` compares the schedules.
 
 >>> m = from_sidekiq({"retry": 0})
 >>> (m.policy.max_attempts, m.policy.on_exhaustion)
 (1, 'dead_letter')
 >>> from_sidekiq({"retry": False}).policy.on_exhaustion
 'discard'
+>>> p = from_sidekiq({"sidekiq_retry_in": "30 * (count + 1)"}).policy
+>>> (p.backoff_strategy, p.initial_interval.total_seconds())
+('linear', 30.0)
 """
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from ojs_adapters.durations import parse_duration
-from ojs_adapters.errors import OjsValidationError
 from ojs_adapters.failure import HandlerCode
+from ojs_adapters.migrate._arith import Formula
 from ojs_adapters.migrate._common import (
+    MAX_INTERVAL_S,
+    MIN_INTERVAL_S,
     Notes,
-    bad_option,
-    compare,
     compared,
-    fixed_band,
     get_bool,
     get_int,
     iso_seconds,
+    judged,
     normalize,
     note_ignored,
     parse_version,
     policy_from,
 )
-from ojs_adapters.migrate._fit import polynomial_fields
+from ojs_adapters.migrate._fit import fit_schedule, schedule_fields, spec_polynomial
 from ojs_adapters.migrate._model import Band, Migration
-from ojs_adapters.migrate._ruby import DURATION_UNITS, Dynamic
+from ojs_adapters.migrate._ruby import Dynamic
+from ojs_adapters.migrate._sidekiq_delay import (
+    RESULT_SYMBOLS_SINCE,
+    SIDEKIQ_JITTER,
+    Answer,
+    RetryIn,
+    Version,
+    block_delay,
+    read_retry_in,
+    seconds_of,
+    sidekiq_band,
+    source_band,
+)
+
+__all__ = ["DEFAULT_RETRIES", "SIDEKIQ_JITTER", "from_sidekiq", "sidekiq_band"]
 
 DIALECT = "sidekiq"
 #: The version assumed when none is given.
 LATEST = "8.1"
 #: Retries for ``retry: true`` unless ``max_retries`` says otherwise.
 DEFAULT_RETRIES = 25
-#: The random term of the delay, newest first: (first version, spread, scaled).
-#: ``scaled`` draws ``rand(spread * (count + 1))``; otherwise ``rand(spread) * (count + 1)``.
-SIDEKIQ_JITTER: tuple[tuple[tuple[int, int, int], int, bool], ...] = (
-    ((8, 0, 0), 10, True),     # 8.x: rand(10 * (count + 1))
-    ((6, 2, 2), 10, False),    # 6.2.2 to 7.x: rand(10) * (count + 1)
-    ((0, 0, 0), 30, False),    # up to 6.2.1: rand(30) * (count + 1)
-)
 RETRY_FOR_SINCE = (7, 1, 3)
 RETRY_FOR_WINS_SINCE = (8, 1, 0)
-RESULT_SYMBOLS_SINCE = (6, 5, 2)
+#: Retries ``retry_for`` is checked against: past them a window counts as unbounded.
+_WINDOW_LIMIT = 10_000
 
 _KNOWN = {"retry", "dead", "retry_for", "sidekiq_retry_in", "retry_in", "max_retries"}
-Action = Literal["kill", "discard"]
-
-
-@dataclass(frozen=True)
-class _RetryIn:
-    """What ``sidekiq_retry_in`` returns: one answer for all errors and per-error ones."""
-
-    seconds: float | None = None
-    action: Action | None = None
-    per_error: dict[str, float | Action] = field(default_factory=dict, hash=False)
 
 
 def from_sidekiq(options: Mapping[str, Any] | None, *, version: str | None = None,
@@ -99,7 +97,7 @@ def from_sidekiq(options: Mapping[str, Any] | None, *, version: str | None = Non
 
     dead = get_bool(opts, "dead", DIALECT, default=True)
     exhaust: Literal["dead_letter", "discard"] = "dead_letter" if dead else "discard"
-    retry_in = _retry_in(opts, ver, notes)
+    retry_in = read_retry_in(opts.get("sidekiq_retry_in", opts.get("retry_in")), ver, notes)
     by_time = opts.get("retry_for") is not None and ver >= RETRY_FOR_WINS_SINCE
     retries = _retries(opts, exhaust, notes, quiet=by_time)
     if retries is None:  # retry: false
@@ -107,72 +105,111 @@ def from_sidekiq(options: Mapping[str, Any] | None, *, version: str | None = Non
             notes.add("info", "retry_for", "no effect with retry: false")
         return _finish(opts, notes, 0, "discard", retry_in, ver, name, origin)
     retries = _apply_retry_for(opts, ver, retries, retry_in, notes)
-    if retry_in.action is not None:
-        kept = "dead_letter" if retry_in.action == "kill" and dead else "discard"
+    if retry_in.default in ("kill", "discard"):
+        kept = "dead_letter" if retry_in.default == "kill" and dead else "discard"
         notes.add("info", "sidekiq_retry_in",
-                  f":{retry_in.action} for every error: the job ends at its first failure "
+                  f":{retry_in.default} for every error: the job ends at its first failure "
                   + ("in the dead set" if kept == "dead_letter" else "and is dropped"))
         return _finish(opts, notes, 0, kept, retry_in, ver, name, origin)
     return _finish(opts, notes, retries, exhaust, retry_in, ver, name, origin)
 
 
-def sidekiq_band(count: int, ver: tuple[int, int, int], *, base: float | None = None) -> Band:
-    """Sidekiq's delay before retry ``count`` (0-based): base plus its random term."""
-    base = count ** 4 + 15 if base is None else base
-    spread, scaled = next((s, k) for since, s, k in SIDEKIQ_JITTER if ver >= since)
-    top = spread * (count + 1) - 1 if scaled else (spread - 1) * (count + 1)
-    return Band(base, base + top, base + top / 2)
+def _finish(opts: dict[str, Any], notes: Notes, retries: int, exhaust: str, retry_in: RetryIn,
+            ver: Version, name: str | None, origin: str | None) -> Migration:
+    non_retryable, codes = _per_error(retry_in, retries, exhaust, notes)
+    fields: dict[str, Any] = {"max_attempts": retries + 1, "on_exhaustion": exhaust,
+                              "non_retryable_errors": non_retryable}
+    old: list[Band] = []
+    if retries:
+        formula = retry_in.default if isinstance(retry_in.default, Formula) else None
+        shape, old = _schedule(formula, retries, ver, notes)
+        fields.update(shape)
+    policy = policy_from(fields)
+    fidelity = judged(old, policy, notes)
+    return Migration(DIALECT, policy, tuple(notes), fidelity, codes, name, origin, opts)
 
 
-def _finish(opts: dict[str, Any], notes: Notes, retries: int, exhaust: str, retry_in: _RetryIn,
-            ver: tuple[int, int, int], name: str | None, origin: str | None) -> Migration:
+def _per_error(retry_in: RetryIn, retries: int, exhaust: str, notes: Notes
+               ) -> tuple[list[str], dict[str, HandlerCode]]:
+    """Per-error answers: ``non_retryable_errors``, handler codes, and what is lost."""
     non_retryable: list[str] = []
     codes: dict[str, HandlerCode] = {}
     if retries == 0 and retry_in.per_error:
         notes.add("info", "sidekiq_retry_in", "per-error answers are never asked for: with no "
                   "retries the job ends at its first failure")
     for error, answer in retry_in.per_error.items() if retries else ():
-        if isinstance(answer, float):
-            notes.add("lossy", "sidekiq_retry_in", f"{answer:g} s for {error} only: an OJS "
-                      "policy has one schedule for all errors, so this delay is not kept")
+        if answer not in ("kill", "discard"):
+            if answer != retry_in.default:
+                notes.add("lossy", "sidekiq_retry_in", f"{_said(answer)} for {error} only: an "
+                          "OJS policy has one schedule for all errors, so the policy uses "
+                          f"{_said(retry_in.default)} for {error} too")
             continue
         ends = "dead_letter" if answer == "kill" and exhaust == "dead_letter" else "discard"
         if ends == exhaust:
             non_retryable.append(error)
-        else:
-            codes[error] = "DEAD_LETTER" if ends == "dead_letter" else "DISCARD"
-            notes.add("approximate", "sidekiq_retry_in",
-                      f":{answer} for {error}: the handler must raise "
-                      f"JobError({error!r}, code={codes[error]!r}); the policy alone sends "
-                      f"non-retryable errors to on_exhaustion={exhaust!r}")
-    fields: dict[str, Any] = {"max_attempts": retries + 1, "on_exhaustion": exhaust,
-                              "non_retryable_errors": non_retryable}
-    old: list[Band] = []
-    if retries and retry_in.seconds is not None:
-        jitter = ver >= RESULT_SYMBOLS_SINCE
-        old = [sidekiq_band(c, ver, base=retry_in.seconds) if jitter
-               else fixed_band(retry_in.seconds) for c in range(compared(retries))]
-        fields.update(backoff_strategy="none", jitter=False,
-                      initial_interval=iso_seconds(retry_in.seconds),
-                      max_interval=iso_seconds(retry_in.seconds))
-        if jitter:
-            notes.add("approximate", "sidekiq_retry_in",
-                      "Sidekiq adds its random term to the fixed delay; the OJS policy "
-                      "waits the fixed delay exactly (jitter off)")
-    elif retries:
-        old = [sidekiq_band(c, ver) for c in range(compared(retries))]
-        shape, why = polynomial_fields([b.mean for b in old], retries)
-        fields.update(shape)
+            continue
+        codes[error] = "DEAD_LETTER" if ends == "dead_letter" else "DISCARD"
+        notes.add("approximate", "sidekiq_retry_in",
+                  f":{answer} for {error}: the handler must raise "
+                  f"JobError({error!r}, code={codes[error]!r}); the policy alone sends "
+                  f"non-retryable errors to on_exhaustion={exhaust!r}")
+    if non_retryable:
+        notes.add("info", "sidekiq_retry_in",
+                  f"non_retryable_errors {', '.join(non_retryable)}: the block ends the job at "
+                  f"once for these, where on_exhaustion {exhaust!r} puts it too. Names are kept "
+                  "as written: handlers must raise these types, e.g. "
+                  f"JobError({non_retryable[0]!r}, ...)")
+    return non_retryable, codes
+
+
+def _said(answer: Answer) -> str:
+    if isinstance(answer, Formula):
+        return f"the delay {answer.text}"
+    return "Sidekiq's default delay" if answer is None else f":{answer}"
+
+
+def _schedule(formula: Formula | None, retries: int, ver: Version, notes: Notes
+              ) -> tuple[dict[str, Any], list[Band]]:
+    """Policy fields for the delay and Sidekiq's own bands, one per compared retry."""
+    count = compared(retries)
+    own = [block_delay(formula, c) for c in range(count)]
+    if formula is None or all(o is None for o in own):
+        if formula is not None:
+            notes.add("info", "sidekiq_retry_in", f"{formula.text} gives no positive delay, so "
+                      "Sidekiq uses its default formula throughout")
+        old = [sidekiq_band(c, ver) for c in range(count)]
+        fields, why = spec_polynomial([b.mean for b in old], retries)
         notes.add("approximate", "retry", "Sidekiq's delay " + why)
         notes.add("approximate", "retry",
                   "Sidekiq's random term is added seconds; OJS jitter multiplies the delay by "
                   "[0.5, 1.5), a wider spread in absolute terms")
-    policy = policy_from(fields)
-    return Migration(DIALECT, policy, tuple(notes), compare(old, policy), codes, name, origin,
-                     opts)
+        return fields, old
+    targets = [min(max(o[1], MIN_INTERVAL_S), MAX_INTERVAL_S) if o is not None
+               else float(c ** 4 + 15) for c, o in enumerate(own)]
+    fit = fit_schedule(targets)
+    said = f"the block's delay {formula.text}"
+    if fit.exact:
+        notes.add("info", "sidekiq_retry_in", f"{said} is exactly {fit.describe()}")
+    else:
+        notes.add("approximate", "sidekiq_retry_in", f"{said} has no exact OJS shape; fitted "
+                  f"as {fit.describe()}, keeping its total ({fit.error()} against the block)")
+    fallback = [c + 1 for c, o in enumerate(own) if o is None]
+    if fallback:
+        shown = ", ".join(map(str, fallback[:5])) + (" ..." if len(fallback) > 5 else "")
+        notes.add("info", "sidekiq_retry_in", f"no positive delay from the block before retry "
+                  f"{shown}: Sidekiq uses its default formula there, and so does the fit")
+    if formula.random:
+        notes.add("approximate", "sidekiq_retry_in", "the block's rand terms count at their "
+                  "expected value; the policy has jitter off")
+    if ver >= RESULT_SYMBOLS_SINCE:
+        notes.add("approximate", "sidekiq_retry_in",
+                  "Sidekiq adds its random term to the block's delay; the OJS policy "
+                  "waits the fitted delay exactly (jitter off)")
+    return schedule_fields(fit, retries, jitter=False), [
+        source_band(formula, c, ver) for c in range(count)]
 
 
-def _version(version: str | None, notes: Notes) -> tuple[int, int, int]:
+def _version(version: str | None, notes: Notes) -> Version:
     if version is None:
         notes.add("info", "version", f"Sidekiq version not given; assumed {LATEST} "
                   "(the delay formula and retry_for rules depend on it)")
@@ -202,16 +239,17 @@ def _retries(opts: dict[str, Any], exhaust: str, notes: Notes, *, quiet: bool) -
     return max(count, 0)
 
 
-def _apply_retry_for(opts: dict[str, Any], ver: tuple[int, int, int], retries: int,
-                     retry_in: _RetryIn, notes: Notes) -> int:
+def _apply_retry_for(opts: dict[str, Any], ver: Version, retries: int, retry_in: RetryIn,
+                     notes: Notes) -> int:
     if opts.get("retry_for") is None:
         return retries
-    window = _seconds(opts["retry_for"], "retry_for")
+    window = seconds_of(opts["retry_for"], "retry_for")
     if ver < RETRY_FOR_SINCE:
         notes.add("lossy", "retry_for", "Sidekiq before 7.1.3 ignores retry_for; so does the "
                   "policy")
         return retries
-    bands = [sidekiq_band(c, ver, base=retry_in.seconds) for c in range(10_000)]
+    formula = retry_in.default if isinstance(retry_in.default, Formula) else None
+    bands = list(_bands(formula, ver))
     fit = {key: _fit_window(bands, window, key) for key in ("mean", "low", "high")}
     counted = fit["mean"]
     spread = (f" (between {fit['high']} and {fit['low']} depending on Sidekiq's random term)"
@@ -230,6 +268,11 @@ def _apply_retry_for(opts: dict[str, Any], ver: tuple[int, int, int], retries: i
     return result
 
 
+def _bands(formula: Formula | None, ver: Version) -> Iterator[Band]:
+    for count in range(_WINDOW_LIMIT):
+        yield source_band(formula, count, ver)
+
+
 def _fit_window(bands: list[Band], window: float, key: str) -> int:
     """Retries Sidekiq makes before ``failed_at + retry_for`` passes (at least one)."""
     elapsed, retries = 0.0, 0
@@ -239,61 +282,3 @@ def _fit_window(bands: list[Band], window: float, key: str) -> int:
         retries += 1
         elapsed += getattr(band, key)
     return retries
-
-
-def _retry_in(opts: dict[str, Any], ver: tuple[int, int, int], notes: Notes) -> _RetryIn:
-    value = opts.get("sidekiq_retry_in", opts.get("retry_in"))
-    if value is None:
-        return _RetryIn()
-    if isinstance(value, Dynamic):
-        notes.add("unsupported", "sidekiq_retry_in",
-                  f"a {value}: code, not evaluated; the schedule assumes Sidekiq's default "
-                  "formula (what Sidekiq uses when the block returns nil)")
-        return _RetryIn()
-    if isinstance(value, Mapping):
-        per_error: dict[str, float | Action] = {}
-        default = _RetryIn()
-        for key, answer in value.items():
-            parsed = _answer(answer, ver, notes)
-            if str(key) in ("*", "default", "else"):
-                default = parsed
-            elif parsed.action is not None:
-                per_error[str(key)] = parsed.action
-            elif parsed.seconds is not None:
-                per_error[str(key)] = parsed.seconds
-        return _RetryIn(default.seconds, default.action, per_error)
-    return _answer(value, ver, notes)
-
-
-def _answer(value: Any, ver: tuple[int, int, int], notes: Notes) -> _RetryIn:
-    if isinstance(value, str) and value.lstrip(":") in ("kill", "discard"):
-        if ver < RESULT_SYMBOLS_SINCE:
-            notes.add("lossy", "sidekiq_retry_in", f"{value}: Sidekiq before 6.5.2 does not "
-                      "understand it and uses the default delay; so does the policy")
-            return _RetryIn()
-        action: Action = "kill" if value.lstrip(":") == "kill" else "discard"
-        return _RetryIn(action=action)
-    seconds = _seconds(value, "sidekiq_retry_in")
-    if seconds <= 0:
-        notes.add("info", "sidekiq_retry_in", f"{value}: not a positive delay, so Sidekiq uses "
-                  "its default formula")
-        return _RetryIn()
-    return _RetryIn(seconds=seconds)
-
-
-def _seconds(value: Any, key: str) -> float:
-    """Seconds from a number, ``'3.days'`` or an ISO 8601 duration."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    if isinstance(value, str):
-        text = value.strip()
-        match = re.fullmatch(r"(\d+(?:\.\d+)?)\.(\w+)", text)
-        if match and match.group(2) in DURATION_UNITS:
-            return float(match.group(1)) * DURATION_UNITS[match.group(2)]
-        if text.startswith("P"):
-            try:
-                return parse_duration(text, field=key).total_seconds()
-            except OjsValidationError:
-                pass
-    raise bad_option(DIALECT, key, value, "must be seconds, a duration such as '3.days', "
-                     "or an ISO 8601 duration")

@@ -6,7 +6,9 @@ snake_case spelling of the Python SDK is accepted too. Defaults: 1 s, 2.0,
 100 x ``initialInterval``, and ``maximumAttempts`` 0, which means *unlimited*
 and has no OJS equivalent (reported; no policy unless ``unbounded_attempts``
 names a cap). Temporal does not jitter retries, so the policy has jitter off
-and the schedule is exact.
+and the schedule is exact. An activity's ``scheduleToCloseTimeout`` also ends
+its retries (a time limit over all attempts); a policy limits attempts only,
+so it is reported as lossy.
 
 >>> m = from_temporal({"initialInterval": "2s", "maximumAttempts": 4,
 ...                    "nonRetryableErrorTypes": ["CardStolen"]})
@@ -25,13 +27,13 @@ from ojs_adapters.errors import OjsValidationError
 from ojs_adapters.migrate._common import (
     Notes,
     bad_option,
-    compare,
     compared,
     fixed_band,
     get_int,
     get_names,
     get_number,
     iso_seconds,
+    judged,
     normalize,
     note_ignored,
     policy_from,
@@ -46,7 +48,8 @@ DEFAULT_MAX_FACTOR = 100
 #: snake_case spellings (Python SDK) to the camelCase of the API.
 _ALIASES = {"initial_interval": "initialInterval", "backoff_coefficient": "backoffCoefficient",
             "maximum_interval": "maximumInterval", "maximum_attempts": "maximumAttempts",
-            "non_retryable_error_types": "nonRetryableErrorTypes"}
+            "non_retryable_error_types": "nonRetryableErrorTypes",
+            "schedule_to_close_timeout": "scheduleToCloseTimeout"}
 #: Units of Go (``1m30s``), protobuf JSON (``1.5s``) and the TypeScript ``ms`` package.
 _UNITS = {"ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001, "s": 1.0, "sec": 1.0,
           "second": 1.0, "seconds": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,
@@ -80,8 +83,14 @@ def from_temporal(options: Mapping[str, Any] | None, *, unbounded_attempts: int 
                       "is proposed. Choose a cap (unbounded_attempts=, or --cap-unbounded N)")
             return Migration(DIALECT, None, tuple(notes), name=name, origin=origin, options=opts)
         notes.add("lossy", "maximumAttempts", f"0: Temporal retries without limit; capped at "
-                  f"{unbounded_attempts} attempts as asked")
+                  f"{unbounded_attempts} attempts as asked", asked=True)
         attempts = unbounded_attempts
+    if opts.get("scheduleToCloseTimeout") is not None:
+        limit = iso_seconds(_duration(opts, "scheduleToCloseTimeout", 0.0, notes))
+        notes.add("lossy", "scheduleToCloseTimeout", f"{limit}: Temporal stops retrying once "
+                  "this much time has passed since the first attempt was scheduled; an OJS "
+                  "policy limits attempts, not time, so the limit is not kept (the opt-in "
+                  f"extension max_duration: {limit} can hold it, if you opt in)")
     notes.add("info", None, "Temporal does not jitter retry intervals; the policy has jitter "
               "off so the schedule is the same")
     notes.add("approximate", None, "an exhausted Temporal activity fails into its workflow, "
@@ -93,7 +102,8 @@ def from_temporal(options: Mapping[str, Any] | None, *, unbounded_attempts: int 
         "non_retryable_errors": list(get_names(opts, "nonRetryableErrorTypes", DIALECT)),
     })
     old = [fixed_band(policy.capped_delay(n)) for n in range(1, compared(policy.max_retries) + 1)]
-    return Migration(DIALECT, policy, tuple(notes), compare(old, policy), {}, name, origin, opts)
+    fidelity = judged(old, policy, notes)
+    return Migration(DIALECT, policy, tuple(notes), fidelity, {}, name, origin, opts)
 
 
 def _duration(opts: dict[str, Any], key: str, default: float, notes: Notes) -> float:

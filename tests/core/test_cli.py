@@ -288,6 +288,7 @@ def test_migrate_prints_policy_notes_and_fidelity(tmp_path: Path) -> None:
     assert "fidelity: worst ratio" in result.output
     assert "approximate: retry:" in result.output
     assert "Old delay" in result.output
+    assert "verdict: ok" in result.output  # the spec's mapping keeps the window (issue 16)
 
 
 def test_migrate_unbounded_celery_exits_3_and_is_not_capped() -> None:

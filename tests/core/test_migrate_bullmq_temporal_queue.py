@@ -123,21 +123,23 @@ def test_queue_defaults_count_retries_with_full_jitter() -> None:
     policy = m.policy
     assert policy is not None
     assert policy.max_attempts == 4  # MaxRetries 3 counts retries
-    assert policy.schedule() == [0.5, 1.0, 2.0]
-    assert policy.max_interval.total_seconds() == 30.0
+    # Full jitter's mean is half the delay, OJS jitter's is the delay: half the base and cap.
+    assert policy.schedule() == [0.25, 0.5, 1.0]
+    assert policy.max_interval.total_seconds() == 15.0
     assert policy.on_exhaustion == "dead_letter"
     assert m.fidelity is not None and m.fidelity.rows[0].old.low == 0.0
-    assert m.fidelity.worst_ratio == pytest.approx(2.0)
+    assert m.fidelity.worst_ratio == pytest.approx(1.0) and not m.fidelity.exact
+    assert m.ok
 
 
 def test_queue_documented_configurations() -> None:
     conservative = from_queue_backoff({"MaxRetries": 5, "RetryBackoffBaseMS": 1000,
                                        "RetryBackoffMaxMS": 60000}).policy
     assert conservative is not None
-    assert conservative.schedule() == [1.0, 2.0, 4.0, 8.0, 16.0]
+    assert conservative.schedule() == [0.5, 1.0, 2.0, 4.0, 8.0]
     aggressive = from_queue_backoff({"MaxRetries": 2, "RetryBackoffBaseMS": 100,
                                      "RetryBackoffMaxMS": 5000}).policy
-    assert aggressive is not None and aggressive.schedule() == [0.1, 0.2]
+    assert aggressive is not None and aggressive.schedule() == [0.05, 0.1]
     assert from_queue_backoff({"MaxRetries": 0}).policy.max_attempts == 1  # type: ignore[union-attr]
 
 

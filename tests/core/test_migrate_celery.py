@@ -34,7 +34,8 @@ def test_max_retries_none_in_retry_kwargs_is_unbounded_too() -> None:
 def test_a_cap_for_unbounded_is_used_only_when_asked_and_reported_lossy() -> None:
     m = from_celery({"max_retries": None}, unbounded_attempts=50)
     assert m.policy is not None and m.policy.max_attempts == 50
-    assert any(n.severity == "lossy" and n.field == "max_retries" for n in m.notes)
+    assert any(n.severity == "lossy" and n.asked and n.field == "max_retries" for n in m.notes)
+    assert not m.lossy and m.ok  # the caller chose the cap: it does not fail the migration
 
 
 def test_max_retries_zero_is_one_attempt() -> None:
@@ -49,19 +50,24 @@ def test_retry_backoff_exponential_without_jitter_is_exact() -> None:
     assert m.exact
 
 
-def test_retry_backoff_true_uses_factor_one_cap_600_and_full_jitter() -> None:
-    m = from_celery({"autoretry_for": ["Exception"], "retry_backoff": True})
+def test_retry_backoff_true_full_jitter_halves_the_intervals_to_keep_the_means() -> None:
+    m = from_celery({"autoretry_for": ["Exception"], "retry_backoff": True, "max_retries": 12})
     policy = m.policy
     assert policy is not None
+    # Factor 1 s and cap 600 s with full jitter (mean countdown / 2): OJS jitter's mean is
+    # the delay itself (RET-05), so the policy uses half of each to keep the expected delays.
     assert (policy.initial_interval.total_seconds(), policy.max_interval.total_seconds()) == \
-        (1.0, 600.0)
+        (0.5, 300.0)
     assert policy.jitter
-    # Full jitter has mean d/2; OJS jitter mean d: the ratio says so.
-    assert m.fidelity is not None and m.fidelity.worst_ratio == pytest.approx(2.0)
+    fidelity = m.fidelity
+    assert fidelity is not None and fidelity.rows[0].ratio == pytest.approx(1.0)
+    assert fidelity.worst_ratio == pytest.approx(0.875)  # at the cap: min(300 x [0.5,1.5), 300)
+    assert fidelity.faithful and m.ok
+    assert any("jitter_mode 'full'" in n.text for n in m.notes)
 
 
 def test_fractional_retry_backoff_is_truncated_like_celery() -> None:
-    m = from_celery({"autoretry_for": ["Exception"], "retry_backoff": 2.7})
+    m = from_celery({"autoretry_for": ["Exception"], "retry_backoff": 2.7, "retry_jitter": False})
     assert m.policy.initial_interval.total_seconds() == 2.0  # type: ignore[union-attr]
 
 

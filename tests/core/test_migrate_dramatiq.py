@@ -26,10 +26,14 @@ def test_defaults_translate_to_21_attempts_15s_to_7_days_dead_letter() -> None:
     policy = m.policy
     assert policy is not None
     assert policy.max_attempts == 21
-    assert policy.initial_interval.total_seconds() == 15.0
+    # Dramatiq's factor [1, 2) has mean 1.5; OJS jitter's mean is 1: 1.5 x 15 s keeps the mean.
+    assert policy.initial_interval.total_seconds() == 22.5
     assert policy.max_interval.total_seconds() == 7 * 86_400
     assert policy.on_exhaustion == "dead_letter"
-    assert policy.schedule()[:3] == [15.0, 30.0, 60.0]
+    assert policy.schedule()[:3] == [22.5, 45.0, 90.0]
+    assert m.fidelity is not None and m.fidelity.faithful and m.ok
+    short = from_dramatiq({"max_retries": 3, "min_backoff": 1000}).fidelity
+    assert short is not None and short.window_ratio == pytest.approx(1.0)
 
 
 def test_band_matches_dramatiqs_compute_backoff() -> None:

@@ -45,8 +45,10 @@ def test_delay_formula_and_fidelity() -> None:
     assert faktory_band(2) == Band(31, 118, 74.5)
     m = from_faktory({"retry": 5})
     assert m.policy is not None and m.policy.backoff_strategy == "polynomial"
+    assert m.policy.backoff_coefficient == 4.0  # Sidekiq's old formula: ojs-retry section 3.4
     assert m.fidelity is not None and len(m.fidelity.rows) == 5
-    assert 0.25 < m.fidelity.worst_ratio < 4
+    assert m.fidelity.window_ratio == pytest.approx(1.0, abs=0.01)
+    assert m.ok and not m.lossy
 
 
 @pytest.mark.parametrize("value", [-2, "25", True, 2.5])

@@ -64,13 +64,22 @@ def test_dynamic_ruby_is_reported_not_guessed() -> None:
     jobs = {job.name: job for job in read_ruby(RUBY)}
     charge = jobs["ChargeJob"]
     assert isinstance(charge.options["dead"], Dynamic)
-    assert isinstance(charge.options["sidekiq_retry_in"], Dynamic)
-    assert ":kill" in charge.options["sidekiq_retry_in"]
-    lines = [line for line, _ in charge.dynamic]
-    assert lines == [9, 12]  # the line the call starts on, and the block
+    # A block of literal answers is read (issue 16); only the ENV[...] value stays dynamic.
+    assert charge.options["sidekiq_retry_in"] == {"CardStolen": ":kill", "Stale": ":discard",
+                                                  "*": None}
+    assert [line for line, _ in charge.dynamic] == [9]  # the line the call starts on
     tuned = jobs["TunedJob"]
     assert tuned.options["note"] == "has # hash"
     assert isinstance(tuned.options["retry"], Dynamic)
+
+
+def test_a_block_that_is_code_stays_dynamic() -> None:
+    text = ("class A\n  sidekiq_options retry: 3\n  sidekiq_retry_in do |count, exception|\n"
+            "    exception.retry_after || :kill\n  end\nend\n")
+    [job] = read_ruby(text)
+    assert isinstance(job.options["sidekiq_retry_in"], Dynamic)
+    assert ":kill" in job.options["sidekiq_retry_in"]
+    assert [line for line, _ in job.dynamic] == [3]
 
 
 def test_retry_in_blocks_on_one_line_do_not_swallow_what_follows() -> None:
@@ -80,7 +89,8 @@ def test_retry_in_blocks_on_one_line_do_not_swallow_what_follows() -> None:
     jobs = {job.name: job for job in read_ruby(text)}
     assert sorted(jobs) == ["A", "B", "C"]
     assert jobs["C"].options == {"retry": 1}
-    assert ":kill" in jobs["B"].options["sidekiq_retry_in"]
+    assert jobs["B"].options["sidekiq_retry_in"] == {"*": ":kill"}
+    assert jobs["A"].options["sidekiq_retry_in"] == {"*": "10 * count"}
 
 
 def test_default_job_options_are_read() -> None:
@@ -209,6 +219,8 @@ def test_migration_json_is_plain() -> None:
     "ojs_adapters.migrate.celery", "ojs_adapters.migrate.dramatiq",
     "ojs_adapters.migrate.bullmq", "ojs_adapters.migrate.temporal",
     "ojs_adapters.migrate.queue_backoff", "ojs_adapters.cli", "ojs_adapters.cli._io",
+    "ojs_adapters.migrate._arith", "ojs_adapters.migrate._ruby_block",
+    "ojs_adapters.migrate._sidekiq_delay",
 ])
 def test_docstring_examples_run(module: str) -> None:
     import doctest

@@ -68,35 +68,41 @@ def test_sidekiq_delay_formula_per_version(ver: tuple[int, int, int], count: int
     assert sidekiq_band(count, ver) == band
 
 
-@pytest.mark.parametrize(("version", "worst", "at"), [
-    ("8.1", 3.46, 3), ("7.3", 0.286, 1), ("6.2.1", 3.27, 4),
+@pytest.mark.parametrize(("version", "initial", "days"), [
+    ("8.1", 0.82, 20.43), ("7.3", 0.819, 20.42), ("6.2.1", 0.821, 20.46),
 ])
-def test_fidelity_worst_ratio_of_the_default_schedule(version: str, worst: float,
-                                                      at: int) -> None:
+def test_default_formula_uses_the_spec_mapping_and_keeps_the_window(
+        version: str, initial: float, days: float) -> None:
+    """ojs-retry section 3.4: Sidekiq's formula is polynomial, backoff_coefficient 4.0."""
     m = from_sidekiq({}, version=version)
-    fidelity = m.fidelity
-    assert fidelity is not None and not fidelity.exact
-    assert fidelity.worst_ratio == pytest.approx(worst, rel=0.01)
-    assert fidelity.worst is not None and fidelity.worst.retry == at
-    # The figure is what the rows say: the ratio farthest from 1 by factor.
-    strays = [abs(math.log(r.ratio)) for r in fidelity.rows]
-    assert max(strays) == pytest.approx(abs(math.log(fidelity.worst_ratio)))
-    assert m.to_dict()["fidelity"]["worst_ratio"] == pytest.approx(worst, rel=0.01)
+    policy, fidelity = m.policy, m.fidelity
+    assert policy is not None and fidelity is not None
+    assert (policy.backoff_strategy, policy.backoff_coefficient) == ("polynomial", 4.0)
+    assert policy.initial_interval.total_seconds() == initial
+    assert policy.jitter  # section 13.2: jitter stands for Sidekiq's random term
+    # The expected total retry window is Sidekiq's, about 20 days (not 7.5, issue 16).
+    assert fidelity.old_total / 86_400 == pytest.approx(days, abs=0.01)
+    assert fidelity.window_ratio == pytest.approx(1.0, abs=0.002)
+    # The offset of 15 s is what OJS cannot say: the first retry comes much sooner.
+    assert fidelity.worst is not None and fidelity.worst.retry == 1
+    assert fidelity.worst.new.mean == pytest.approx(initial)
+    assert fidelity.faithful and m.ok and not m.lossy
+    assert any("section 3.4" in n.text for n in m.notes)
+    assert any(n.severity == "approximate" and "retry 1" in n.text for n in m.notes)
+    assert m.to_dict()["fidelity"]["window_ratio"] == pytest.approx(1.0, abs=0.002)
 
 
-def test_the_chosen_polynomial_minimises_the_worst_ratio() -> None:
+def test_the_initial_interval_is_the_one_that_keeps_the_window() -> None:
     m = from_sidekiq({}, version="8.1")
     policy = m.policy
     assert policy is not None
     old = [sidekiq_band(c, V8) for c in range(25)]
-    best = abs(math.log(m.fidelity.worst_ratio))  # type: ignore[union-attr]
-    for dc in (-0.2, -0.05, 0.05, 0.2):
-        for di in (0.8, 1.0, 1.25):
-            other = RetryPolicy.from_dict({
-                **policy.to_dict(), "backoff_coefficient": policy.backoff_coefficient + dc,
-                "initial_interval": f"PT{policy.initial_interval.total_seconds() * di:.3f}S",
-                "max_interval": "P30D"})
-            assert abs(math.log(compare(old, other).worst_ratio)) >= best - 1e-3
+    best = abs(math.log(m.fidelity.window_ratio))  # type: ignore[union-attr]
+    for di in (0.95, 0.99, 1.01, 1.05):
+        other = RetryPolicy.from_dict({
+            **policy.to_dict(),
+            "initial_interval": f"PT{policy.initial_interval.total_seconds() * di:.4f}S"})
+        assert abs(math.log(compare(old, other).window_ratio)) > best
 
 
 def test_max_interval_never_binds_for_sidekiq() -> None:
@@ -215,5 +221,8 @@ def test_count_and_destination_hold_for_any_retry_value(retries: int, dead: bool
     assert m.policy is not None
     assert m.policy.max_attempts == retries + 1
     assert m.policy.on_exhaustion == ("dead_letter" if dead else "discard")
-    assert len(m.fidelity.rows) == retries  # type: ignore[union-attr]
-    assert 1 / 6 < m.fidelity.worst_ratio < 6  # type: ignore[union-attr]
+    fidelity = m.fidelity
+    assert fidelity is not None and len(fidelity.rows) == retries
+    assert m.policy.backoff_coefficient == 4.0 or retries == 0
+    assert fidelity.window_ratio == pytest.approx(1.0, abs=0.01)
+    assert fidelity.faithful and m.ok

@@ -1,0 +1,160 @@
+"""Sidekiq's retry delay: its default formula and what ``sidekiq_retry_in`` returns.
+
+The delay before retry ``count`` (0-based) is ``count**4 + 15`` plus a random
+term that changed twice (``SIDEKIQ_JITTER``), unless ``sidekiq_retry_in``
+gives a positive number of seconds (Sidekiq calls ``to_i`` on it), ``:kill``
+(to the dead set now) or ``:discard`` (dropped now, since 6.5.2). Since 6.5.2
+the random term is added to a custom delay too. An answer is read from YAML or
+JSON (``30``, ``'3.days'``, ``'30 * (count + 1)'``, ``':kill'``, or a mapping
+of error class names to answers, ``'*'`` for the rest) or from a Ruby block
+``_ruby_block`` could read.
+
+>>> read_retry_in({"Stripe::CardError": ":kill", "*": "30 * (count + 1)"}, (8, 1, 0),
+...               []).per_error
+{'Stripe::CardError': 'kill'}
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ojs_adapters.durations import parse_duration
+from ojs_adapters.errors import OjsValidationError
+from ojs_adapters.migrate._arith import DURATION_UNITS, Formula, FormulaError, parse_formula
+from ojs_adapters.migrate._common import bad_option
+from ojs_adapters.migrate._model import Band, Note
+from ojs_adapters.migrate._ruby import Dynamic
+
+DIALECT = "sidekiq"
+#: The random term of the delay, newest first: (first version, spread, scaled).
+#: ``scaled`` draws ``rand(spread * (count + 1))``; otherwise ``rand(spread) * (count + 1)``.
+SIDEKIQ_JITTER: tuple[tuple[tuple[int, int, int], int, bool], ...] = (
+    ((8, 0, 0), 10, True),     # 8.x: rand(10 * (count + 1))
+    ((6, 2, 2), 10, False),    # 6.2.2 to 7.x: rand(10) * (count + 1)
+    ((0, 0, 0), 30, False),    # up to 6.2.1: rand(30) * (count + 1)
+)
+#: First version that understands ``:kill``/``:discard`` and jitters a custom delay.
+RESULT_SYMBOLS_SINCE = (6, 5, 2)
+#: The longest delay modelled (about 31 million years): keeps every figure finite.
+_LONGEST_S = 1e15
+Version = tuple[int, int, int]
+Action = Literal["kill", "discard"]
+#: One answer of the block: a delay formula, an action, or ``None`` (Sidekiq's default).
+Answer = Formula | Action | None
+_DEFAULT_KEYS = ("*", "default", "else")
+
+
+@dataclass(frozen=True)
+class RetryIn:
+    """What ``sidekiq_retry_in`` returns: one answer for most errors, and per-error ones."""
+
+    default: Answer = None
+    per_error: dict[str, Answer] = field(default_factory=dict, hash=False)
+
+
+def sidekiq_band(count: int, ver: Version, *, base: float | None = None) -> Band:
+    """Sidekiq's delay before retry ``count`` (0-based): base plus its random term."""
+    base = count ** 4 + 15 if base is None else base
+    spread, scaled = next((s, k) for since, s, k in SIDEKIQ_JITTER if ver >= since)
+    top = spread * (count + 1) - 1 if scaled else (spread - 1) * (count + 1)
+    return Band(base, base + top, base + top / 2)
+
+
+def block_delay(formula: Formula | None, count: int) -> tuple[float, float, float] | None:
+    """``(low, mean, high)`` seconds the block gives for ``count``; ``None``: the default."""
+    if formula is None:
+        return None
+    band = formula.band(count)
+    if band is None or math.trunc(min(band[1], _LONGEST_S)) <= 0:
+        return None  # Sidekiq rescues a raising block and ignores a delay <= 0
+    low, mean, high = (min(v, _LONGEST_S) for v in band)
+    if not formula.random:
+        low = mean = high = float(math.trunc(mean))
+    return max(low, 0.0), mean, high
+
+
+def source_band(formula: Formula | None, count: int, ver: Version) -> Band:
+    """Sidekiq's delay before retry ``count`` with ``formula`` as the block's answer."""
+    own = block_delay(formula, count)
+    if own is None:
+        return sidekiq_band(count, ver)
+    low, mean, high = own
+    if ver < RESULT_SYMBOLS_SINCE:
+        return Band(low, high, mean)
+    extra = sidekiq_band(count, ver, base=0.0)
+    return Band(low, high + extra.high, mean + extra.mean)
+
+
+def read_retry_in(value: Any, ver: Version, notes: list[Note]) -> RetryIn:
+    """The answers in a ``sidekiq_retry_in`` option; ``notes`` get what was not kept."""
+    if value is None:
+        return RetryIn()
+    if isinstance(value, Dynamic):
+        notes.append(Note("lossy", "sidekiq_retry_in", f"a {value} that could not be read (only "
+                          "arithmetic in count, :kill, :discard and case/if on the error class "
+                          "are); the schedule assumes Sidekiq's default formula (what Sidekiq "
+                          "uses when the block returns nil) and any per-error answer is lost"))
+        return RetryIn()
+    if not isinstance(value, Mapping):
+        return RetryIn(_answer(value, ver, notes))
+    default: Answer = None
+    per_error: dict[str, Answer] = {}
+    for key, answer in value.items():
+        if str(key) in _DEFAULT_KEYS:
+            default = _answer(answer, ver, notes)
+        else:
+            per_error[str(key)] = _answer(answer, ver, notes)
+    return RetryIn(default, per_error)
+
+
+def _answer(value: Any, ver: Version, notes: list[Note]) -> Answer:
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lstrip(":") in ("kill", "discard"):
+        if ver < RESULT_SYMBOLS_SINCE:
+            notes.append(Note("lossy", "sidekiq_retry_in", f"{value}: Sidekiq before 6.5.2 does "
+                              "not understand it and uses the default delay; so does the policy"))
+            return None
+        return "kill" if value.strip().lstrip(":") == "kill" else "discard"
+    formula = _formula(value)
+    if not formula.uses_count and not formula.random and block_delay(formula, 0) is None:
+        notes.append(Note("info", "sidekiq_retry_in", f"{value}: not a positive delay, so "
+                          "Sidekiq uses its default formula"))
+        return None
+    return formula
+
+
+def _formula(value: Any) -> Formula:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return parse_formula(repr(value))
+    if isinstance(value, str):
+        if value.strip().startswith("P"):
+            return parse_formula(repr(seconds_of(value, "sidekiq_retry_in")))
+        try:
+            return parse_formula(value)
+        except FormulaError:
+            pass
+    raise bad_option(DIALECT, "sidekiq_retry_in", value, "must be seconds, a duration such as "
+                     "'3.days', arithmetic in count, ':kill' or ':discard'")
+
+
+def seconds_of(value: Any, key: str) -> float:
+    """Seconds from a number, ``'3.days'`` or an ISO 8601 duration."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)\.(\w+)", text)
+        if match and match.group(2) in DURATION_UNITS:
+            return float(match.group(1)) * DURATION_UNITS[match.group(2)]
+        if text.startswith("P"):
+            try:
+                return parse_duration(text, field=key).total_seconds()
+            except OjsValidationError:
+                pass
+    raise bad_option(DIALECT, key, value, "must be seconds, a duration such as '3.days', "
+                     "or an ISO 8601 duration")
