@@ -128,9 +128,11 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     run = _Run(task)
     if run.state.invalid is not None:  # unreadable OJS state: dead-letter it unrun (_headers)
         run.fail(run.state.invalid, None)
-    run.lease_attempt()  # alone on the attempt from here (ojs_adapters.leases)
+    # Lease, claim, record read and ``active`` write: one round trip (ojs_adapters.claims);
+    # alone on the attempt from here (ojs_adapters.leases).
+    begun = run.admit()
     try:
-        previous = run.check_redelivery()
+        previous = run.check_redelivery(begun)
         run.wait_for_countdown()
         if not run.started_saved:
             run.save(run.base.started(run.state.attempt))
@@ -148,12 +150,12 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
             run.fail(describe_failure(exc, catalog_code="HANDLER_TIMEOUT"), exc)
         except Exception as exc:
             run.fail(exc, exc)
-        run.save(run.base.started(run.state.attempt).completed())
+        run.save(run.base.started(run.state.attempt).completed(), last=True)
         return result
     finally:
         # The outcome is stored: the next delivery (a requeue after a failed hand-off,
-        # say) need not wait for the lease to lapse.
-        release(LEASES, run.store, run.claim_key(), run.holder)
+        # say) need not wait for the lease to lapse. Usually the last save released it.
+        run.release_lease()
 
 
 class _Run:
@@ -175,6 +177,7 @@ class _Run:
         self.started_saved = False  # ``begin`` wrote the ``active`` record with the claim
         self.started_record: JobRecord | None = None  # what ``begin`` tried to write
         self.holder = ""  # this delivery's lease holder, once it took the lease
+        self.released = False  # given up with the outcome's save (one round trip)
         self.base = JobRecord(
             id=self.request.id, type=task.name, queue=self.queue,
             max_attempts=self.policy.max_attempts, errors=self.state.errors,
@@ -195,6 +198,30 @@ class _Run:
             replay_count=int(self.base.extra.get("replay_count") or 0)))
         if self.dependency is not None:
             budget_of(self.task.app, self.dependency).record_execution()
+
+    def admit(self) -> Begun | None:
+        """Take the lease and begin the attempt in one store call; ``None`` when that
+        cannot be done at once: another live delivery holds the lease (``lease_attempt``
+        waits for it), or the store has no one-call admission or is out of reach (then
+        ``check_redelivery`` goes step by step)."""
+        begun = self.begin(lease=True)
+        if begun is not None and begun.leased:
+            self.hold_lease(self.token())
+            return begun
+        self.lease_attempt()
+        return None
+
+    def hold_lease(self, holder: str) -> None:
+        """Keep this delivery's lease renewed until the outcome is stored."""
+        LEASES.hold(self.store, self.claim_key(), holder)
+        self.holder = holder
+
+    def release_lease(self) -> None:
+        """Stop renewing the lease, and give it up unless the last save already did."""
+        if self.released:
+            LEASES.drop(self.holder)
+        else:
+            release(LEASES, self.store, self.claim_key(), self.holder)
 
     def lease_attempt(self) -> None:
         """Take this delivery's lease on its attempt (``ojs_adapters.leases``), waiting,
@@ -225,8 +252,7 @@ class _Run:
                 time.sleep(WAIT_SECONDS)
                 taken = self._try_lease(key, holder)
         if taken:
-            LEASES.hold(self.store, key, holder)
-            self.holder = holder
+            self.hold_lease(holder)
 
     def _time_limit(self) -> float | None:
         """The shortest time limit (hard or soft, seconds) this delivery runs under."""
@@ -248,13 +274,15 @@ class _Run:
             return None
         return taken
 
-    def check_redelivery(self) -> JobRecord | None:
+    def check_redelivery(self, begun: Begun | None) -> JobRecord | None:
         """Act on a delivery that repeats an attempt the record already knows about.
 
-        Returns the stored record when this is a new attempt (the normal case).
+        ``begun`` is what ``admit`` found, if it began the attempt. Returns the stored
+        record when this is a new attempt (the normal case).
         """
         attempt = self.state.attempt
-        begun = self.begin()
+        if begun is None:
+            begun = self.begin()
         if begun is None:  # not the Redis backend, or unreachable: one call each
             record = self.load()
             claimed = self.claim()
@@ -262,7 +290,7 @@ class _Run:
                 # our own start, by a ``begin`` whose replies were all lost: not a crash
                 record, self.started_saved = None, True
         else:
-            claimed, raw, self.started_saved = begun
+            claimed, raw, self.started_saved = begun[:3]
             record = record_of(raw)
         verdict = judge_delivery(record, attempt, claim=claimed)
         if verdict == "run":
@@ -280,15 +308,18 @@ class _Run:
                     self.task.name, self.request.id, attempt, record.state, record.attempt)
         raise Ignore()
 
-    def begin(self) -> Begun | None:
-        """Claim, read the record and (a new attempt) save it ``active``: one round trip.
+    def begin(self, *, lease: bool = False) -> Begun | None:
+        """Claim, read the record and (a new attempt) save it ``active``: one round trip,
+        taking the lease first with ``lease`` (then ``Begun.leased`` says if it could).
 
         ``None`` where the store cannot do it in one (then ``load`` and ``claim``).
         """
         started = self.started_record = self.base.started(self.state.attempt)
+        ttl = lease_ms() if lease else None
         try:
             return with_retry(self.task.app, lambda: self.store.begin(
-                self.claim_key(), self.token(), started), operation="claim attempt")
+                self.claim_key(), self.token(), started, lease_ms=ttl),
+                operation="claim attempt")
         except Exception:  # the step-by-step path reports it, and requeues if need be
             return None
 
@@ -348,7 +379,7 @@ class _Run:
         if decision.action == "dead_letter":
             record = replace(record, extra={
                 **record.extra, "dead_letter_queue": dead_letter_queue_for(self.task, self.queue)})
-        self.save(record)
+        self.save(record, last=True)
         self.report(decision)
         _raise_terminal(self.task, record, exc)
 
@@ -407,7 +438,8 @@ class _Run:
             logger.error("%s[%s]: the broker did not accept the retry (%s); requeueing",
                          self.task.name, self.request.id, error.code)
             raise Reject(error, requeue=True) from None
-        self.save(handed_off(record))  # dropped if the retry already ran and saved its own
+        # Dropped if the retry already ran and saved its own; the lease goes with it.
+        self.save(handed_off(record), last=True)
         raise sent
 
     # -- the record -----------------------------------------------------------------
@@ -422,14 +454,18 @@ class _Run:
                            self.request.id, exc_info=True)
             return None
 
-    def save(self, record: JobRecord, *, force: bool = False) -> None:
+    def save(self, record: JobRecord, *, force: bool = False, last: bool = False) -> None:
         """Store ``record``; a write that fails even after its retries is logged and counted.
 
         A stored record of a later attempt is kept unless ``force`` (``RecordStore.save``).
+        ``last``: the delivery's outcome, which gives up its lease in the same round trip.
         """
+        release = (self.claim_key(), self.holder) if last and self.holder else None
         try:
-            with_retry(self.task.app, lambda: self.store.save(record, force=force),
-                       operation="write job record")
+            if with_retry(self.task.app,
+                          lambda: self.store.save(record, force=force, release=release),
+                          operation="write job record"):
+                self.released = True
         except Exception:  # never fail the job for its record
             count_failure("write job record", "failed")
             logger.warning("%s[%s]: cannot store the job record", self.task.name,

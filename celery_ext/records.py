@@ -84,27 +84,32 @@ class RecordStore:
             return None
         return JobRecord.from_dict(meta["result"])
 
-    def save(self, record: JobRecord, *, force: bool = False) -> None:
+    def save(self, record: JobRecord, *, force: bool = False,
+             release: tuple[str, str] | None = None) -> bool:
         """Store ``record`` (no-op without a storing backend).
 
         On Redis a stored record of a later attempt or replay round is kept (see the
         module docstring); ``force`` replaces it anyway (putting an earlier record back).
+        ``release`` (attempt key, holder) gives up that lease in the same round trip;
+        the return says whether it was (else the caller releases it itself).
         """
         if not self.enabled:
-            return
+            return False
         if not self._key_value:
             self.backend.store_result(record.id + RECORD_SUFFIX, record.to_dict(), RECORD_STATE)
-            return
+            return False
         key = self.backend.get_key_for_task(record.id, key=RECORD_SUFFIX)
         if self.leases:
             # Not RedisBackend.set: it writes with SETEX (deprecated by redis-py) and
             # PUBLISHes the value for result waiters, which a record never has.
-            self.backend.ensure(self._redis_save, (key, record, force))
-        else:
-            self.backend.set(key, record.to_json())
+            self.backend.ensure(self._redis_save, (key, record, force, release))
+            return release is not None and not force
+        self.backend.set(key, record.to_json())
+        return False
 
-    def _redis_save(self, key: str, record: JobRecord, force: bool) -> None:
-        """One round trip: ``SET`` (``force``) or the ordered save script."""
+    def _redis_save(self, key: str, record: JobRecord, force: bool,
+                    release: tuple[str, str] | None) -> None:
+        """One round trip: ``SET`` (``force``) or the ordered save script (and release)."""
         client, expires = self.backend.client, self.backend.expires
         if force:
             client.set(key, record.to_json(), ex=expires or None)
@@ -112,9 +117,12 @@ class RecordStore:
         if self._ordered is None:
             self._ordered = client.register_script(ORDERED_SAVE_LUA)
         data = record.to_dict()
-        self._ordered(keys=[key], args=[json.dumps(data, separators=(",", ":")),
-                                        *record_rank(data), int((expires or 0) * 1000),
-                                        "string"])
+        keys, args = [key], [json.dumps(data, separators=(",", ":")), *record_rank(data),
+                             int((expires or 0) * 1000), "string"]
+        if release is not None:
+            keys.append(self.backend.get_key_for_task(release[0], key=LEASE_SUFFIX))
+            args.append(release[1])
+        self._ordered(keys=keys, args=args)
 
     def claim(self, key: str, token: str) -> Claim:
         """Claim attempt ``key`` for the copy ``token`` (``ojs_adapters.handoff.Claim``).
@@ -133,11 +141,14 @@ class RecordStore:
         held = client.get(name)
         return "new" if held is None else claim_of(held, token)
 
-    def begin(self, key: str, token: str, started: JobRecord) -> Begun | None:
+    def begin(self, key: str, token: str, started: JobRecord, *,
+              lease_ms: int | None = None) -> Begun | None:
         """``claim`` and ``load`` in one round trip on the Redis backend, saving
         ``started`` when the claim is new and the stored record (if any) is of an
         earlier attempt; ``None`` on other backends (then one call each).
-        The returned ``Begun.record`` is the record as it was before."""
+        The returned ``Begun.record`` is the record as it was before. With
+        ``lease_ms``, the attempt's lease is taken for ``token`` first, in the same call
+        (``Begun.leased``)."""
         client = self._redis_client()
         if client is None:
             return None
@@ -146,7 +157,9 @@ class RecordStore:
             client, claim_key=self.backend.get_key_for_task(key, key=CLAIM_SUFFIX),
             record_key=self.backend.get_key_for_task(started.id, key=RECORD_SUFFIX),
             token=token, claim_ttl_ms=self._claim_ttl() * 1000, started=started.to_json(),
-            record_ttl_ms=int(expires * 1000) if expires else None, attempt=started.attempt)
+            record_ttl_ms=int(expires * 1000) if expires else None, attempt=started.attempt,
+            lease_key=None if lease_ms is None else self.backend.get_key_for_task(
+                key, key=LEASE_SUFFIX), lease_ttl_ms=lease_ms or 0)
 
     def lease(self, key: str, holder: str, ttl: int) -> bool | None:
         """Take or renew the lease on attempt ``key`` for delivery ``holder``, for ``ttl`` ms

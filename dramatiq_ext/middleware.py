@@ -383,11 +383,16 @@ class OjsRetries(Middleware):
                           decide(policy, state.attempt, state.invalid))
             raise _AttemptConsumed("unreadable OJS state: dead-lettered (INVALID_PAYLOAD)")
         nonce = uuid.uuid4().hex  # this delivery: a retried claim whose reply was lost is ours
-        self._lease_attempt(broker, message, state, nonce)  # alone on the attempt from here
         # A first attempt has no record yet: ``begin`` may write it with the claim.
         fresh = self._new_record(message, policy, state).started(1) \
             if state.attempt == 1 else None
-        begun = self._begin(broker, message, state, nonce, fresh)
+        # Lease, claim, record read (and a first attempt's ``active``): one round trip.
+        begun = self._begin(broker, message, state, nonce, fresh, lease=True)
+        if begun is not None and begun.leased:
+            self._hold_lease(broker, message, state, nonce)
+        else:  # another live delivery holds the lease, or no one-call store: step by step
+            self._lease_attempt(broker, message, state, nonce)  # alone on the attempt now
+            begun = self._begin(broker, message, state, nonce, fresh)
         if begun is None:  # a store without ``begin``, or unreachable: step by step
             record = self._load(broker, message.message_id)
             claimed = self._wait_for_claim(broker, message, state, nonce)
@@ -610,8 +615,14 @@ class OjsRetries(Middleware):
                     time.sleep(WAIT_SECONDS)
                     taken = self._try_lease(store, key, holder, deadline)
         if taken:
-            HEARTBEAT.hold(store, key, holder)
-            vars(message)[_LEASED] = holder
+            self._hold_lease(broker, message, state, nonce)
+
+    def _hold_lease(self, broker: Broker, message: MessageProxy, state: MessageState,
+                    nonce: str) -> None:
+        """Renew this delivery's lease until its outcome is stored (``before_ack``)."""
+        holder = f"{_token_of(message)}|{nonce}"
+        HEARTBEAT.hold(self.store_for(broker), _claim_key(message, state), holder)
+        vars(message)[_LEASED] = holder
 
     def _try_lease(self, store: RecordStore, key: str, holder: str,
                    deadline: float | None = None) -> bool | None:
@@ -647,8 +658,9 @@ class OjsRetries(Middleware):
             time.sleep(1.0)
 
     def _begin(self, broker: Broker, message: MessageProxy, state: MessageState, nonce: str,
-               fresh: JobRecord | None) -> Begun | None:
-        """Claim, read the record and (first attempt) save ``fresh``, in one store call.
+               fresh: JobRecord | None, *, lease: bool = False) -> Begun | None:
+        """Claim, read the record and (first attempt) save ``fresh``, in one store call,
+        taking the attempt's lease first with ``lease`` (``Begun.leased``).
 
         ``None`` when the store has no ``begin`` (then one call each) or cannot be
         reached now (the step-by-step path waits for it).
@@ -661,7 +673,8 @@ class OjsRetries(Middleware):
         try:
             begun: Begun = self.backend_retry.call(
                 lambda: begin(key, token, self.record_ttl, message.message_id,
-                              None if fresh is None else fresh.to_dict()),
+                              None if fresh is None else fresh.to_dict(),
+                              **({"lease_ms": lease_ms()} if lease else {})),
                 operation="claim attempt")
         except Exception:
             return None

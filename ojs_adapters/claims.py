@@ -22,11 +22,18 @@ from typing import Any, NamedTuple
 from ojs_adapters.handoff import Claim
 from ojs_adapters.history import JobRecord
 
-# KEYS[1] claim, KEYS[2] record. ARGV[1] token, ARGV[2] claim TTL (ms), ARGV[3] the
-# record to write if this claim is new and the attempt is new ('' = never write),
-# ARGV[4] its TTL (ms, '' = none), ARGV[5] the attempt ('' = write only when no record
-# exists; else also over a record of an earlier attempt).
+# KEYS[1] claim, KEYS[2] record, KEYS[3] (optional) the attempt's lease. ARGV[1] token,
+# ARGV[2] claim TTL (ms), ARGV[3] the record to write if this claim is new and the attempt
+# is new ('' = never write), ARGV[4] its TTL (ms, '' = none), ARGV[5] the attempt ('' =
+# write only when no record exists; else also over a record of an earlier attempt),
+# ARGV[6] the lease holder and ARGV[7] its TTL (ms), with KEYS[3]. A lease held by
+# another holder stops the script before the claim: the delivery waits (``leases``).
 _BEGIN = """
+if #KEYS > 2 then
+  local holder = redis.call('GET', KEYS[3])
+  if holder and holder ~= ARGV[6] then return {0, false, false, 0, 0} end
+  redis.call('SET', KEYS[3], ARGV[6], 'PX', ARGV[7])
+end
 local claimed = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
 local held = false
 if not claimed then held = redis.call('GET', KEYS[1]) end
@@ -48,16 +55,19 @@ if claimed and ARGV[3] ~= '' then
     wrote = 1
   end
 end
-return {claimed and 1 or 0, held, record, wrote}
+return {claimed and 1 or 0, held, record, wrote, 1}
 """
 
 
 class Begun(NamedTuple):
-    """What ``begin_on_redis`` found: the claim, the stored record (raw), whether it wrote."""
+    """What ``begin_on_redis`` found: the claim, the stored record (raw), whether it wrote,
+    and whether this delivery holds the attempt's lease (``False``: another live delivery
+    does, and nothing else was done; ``None``: no lease was asked for)."""
 
     claim: Claim
     record: bytes | str | None
     wrote: bool
+    leased: bool | None = None
 
 
 def record_of(raw: bytes | str | None) -> JobRecord | None:
@@ -84,22 +94,30 @@ def claim_of(held: str | bytes, token: str) -> Claim:
 
 def begin_on_redis(client: Any, *, claim_key: str, record_key: str, token: str,
                    claim_ttl_ms: int, started: str | None, record_ttl_ms: int | None,
-                   attempt: int | None = None) -> Begun:
+                   attempt: int | None = None, lease_key: str | None = None,
+                   lease_ttl_ms: int = 0) -> Begun:
     """Claim ``claim_key`` for ``token`` and read ``record_key``, atomically.
 
     ``started`` (a record's JSON) is written when the claim is new and no record
     exists, or, with ``attempt``, when the stored one is of an earlier attempt:
     exactly when ``judge_delivery`` would say "run" and the adapter would write it.
+    With ``lease_key``, the attempt's lease is taken for ``token`` first, in the same
+    round trip (``ojs_adapters.leases``): a delivery's whole admission is one call.
     """
     script = getattr(client, "_ojs_begin_script", None)
     if script is None:
         script = client.register_script(_BEGIN)
         with contextlib.suppress(AttributeError):  # else registered again on each call
             client._ojs_begin_script = script
-    claimed, held, record, wrote = script(
-        keys=[claim_key, record_key],
-        args=[token, claim_ttl_ms, started or "", record_ttl_ms or "",
-              "" if attempt is None else attempt])
+    keys, args = [claim_key, record_key], [token, claim_ttl_ms, started or "",
+                                           record_ttl_ms or "", "" if attempt is None else attempt]
+    if lease_key is not None:
+        keys.append(lease_key)
+        args.extend([token, lease_ttl_ms])
+    claimed, held, record, wrote, leased = script(keys=keys, args=args)
+    lease = None if lease_key is None else bool(leased)
+    if lease is False:
+        return Begun("other", None, False, False)
     if claimed:
         claim: Claim = "new"
     else:
@@ -107,8 +125,8 @@ def begin_on_redis(client: Any, *, claim_key: str, record_key: str, token: str,
     if not claimed and _text(held) == token and started and _text(record) == started:
         # This delivery's own claim and start, written by a call whose reply was lost:
         # as that call would have answered (else the start looks like a lost worker's).
-        return Begun("new", None, True)
-    return Begun(claim, record, bool(wrote))
+        return Begun("new", None, True, lease)
+    return Begun(claim, record, bool(wrote), lease)
 
 
 def _text(raw: bytes | str | None) -> str | None:

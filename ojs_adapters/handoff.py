@@ -52,8 +52,11 @@ DEAD_LETTER_SUCCESSOR = "dead_letter"
 #: KEYS[1]: the record's key. ARGV: [1] the record (JSON text), [2] its replay round,
 #: [3] its attempt, [4] time to live in ms (0: none), [5] "string" (``SET``) or "list"
 #: (a one-element list, as Dramatiq's Redis result backend keeps values). A stored
-#: value that is not a JSON object is replaced. Returns 1 if written, 0 if kept.
+#: value that is not a JSON object is replaced. Returns 1 if written, 0 if kept. With
+#: KEYS[2] (an attempt's lease) and ARGV[6] (its holder), the lease is released too, if
+#: that holder still holds it: the outcome and the release in one round trip (``leases``).
 ORDERED_SAVE_LUA = """
+if #KEYS > 1 and redis.call("GET", KEYS[2]) == ARGV[6] then redis.call("DEL", KEYS[2]) end
 local list = ARGV[5] == "list"
 local held
 if list then held = redis.call("LINDEX", KEYS[1], 0) else held = redis.call("GET", KEYS[1]) end

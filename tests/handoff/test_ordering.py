@@ -148,8 +148,35 @@ def test_a_begin_retried_after_a_lost_reply_still_starts_the_attempt(redis_url: 
                                started=started, record_ttl_ms=10_000)
     finally:
         client.delete(*keys.values())
-    assert [tuple(c) for c in calls] == [("new", None, True)] * 2
+    assert [tuple(c) for c in calls] == [("new", None, True, None)] * 2
     assert (other.claim, other.wrote) == ("mine", False)  # another delivery: a crash, maybe
+
+
+def test_admission_takes_the_lease_in_the_same_call(redis_url: str) -> None:
+    """Lease + claim + record + ``active`` in one script: a retried call (lost reply) still
+    starts the attempt; another live delivery's lease stops a second one before its claim."""
+    import redis
+
+    from ojs_adapters.claims import begin_on_redis
+
+    client, prefix = redis.Redis.from_url(redis_url), f"ojs-test-{uuid.uuid4().hex[:10]}"
+    started = JobRecord("j", "t", "q", 3).started(1).to_json()
+    keys = {"claim_key": f"{prefix}:claim", "record_key": f"{prefix}:record",
+            "lease_key": f"{prefix}:lease"}
+    try:
+        calls = [begin_on_redis(client, **keys, token="sent|d1", claim_ttl_ms=10_000,
+                                started=started, record_ttl_ms=10_000, lease_ttl_ms=6_000)
+                 for _ in range(2)]
+        other = begin_on_redis(client, **keys, token="sent|d2", claim_ttl_ms=10_000,
+                               started=started, record_ttl_ms=10_000, lease_ttl_ms=6_000)
+        claim_after = client.get(keys["claim_key"])
+        lease_ttl = client.pttl(keys["lease_key"])
+    finally:
+        client.delete(*keys.values())
+    assert [tuple(c) for c in calls] == [("new", None, True, True)] * 2
+    assert (other.leased, other.wrote, other.record) == (False, False, None)
+    assert claim_after == b"sent|d1"  # the waiting delivery claimed nothing
+    assert 0 < lease_ttl <= 6_000
 
 
 # -- leases -------------------------------------------------------------------------------
