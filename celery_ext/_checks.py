@@ -88,13 +88,16 @@ EAGER_WARNED: set[str] = set()
 
 
 def warn_eager_once(task_name: str) -> None:
-    """Log, on the first eager call of ``task_name``, that eager mode skips the policy."""
+    """Log, on the first eager call of ``task_name``, that eager mode skips the policy
+    (and where to get it in a test: ``instant_retries()``)."""
     if task_name in EAGER_WARNED:
         return
     EAGER_WARNED.add(task_name)
     logger.warning("ojs-adapters: %s ran eagerly (task_always_eager or apply()): the body "
                    "runs once and its error is raised as is, with no retries, countdowns or "
-                   "dead letter; send it to a worker to apply its OJS policy", task_name)
+                   "dead letter; send it to a worker to apply its OJS policy, or, in a test, "
+                   "call it inside ojs_adapters.testing.instant_retries() (pytest fixture "
+                   "ojs_retries) to apply the policy in place without waiting", task_name)
 
 
 def _plain_tasks_with_ojs_options(app: Any, ojs_task: type) -> list[tuple[Any, list[str]]]:

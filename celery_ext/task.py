@@ -29,7 +29,8 @@ Celery's ``apply_async`` already has a ``retry_policy`` argument (kombu's
 ``interval_start``, ...) keeps that meaning; ``publish_retry_policy=`` says so
 explicitly. In eager mode (``task_always_eager``, ``apply()``) the body runs
 once, plainly (eager retries ignore countdowns), and the first eager call of
-each task logs a warning saying so.
+each task logs a warning saying so; inside ``ojs_adapters.testing.instant_retries()``
+it runs every attempt the policy allows, in place and without waiting (``_eager``).
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from celery import Task
 
 from celery_ext._attempt import CONTEXT_ATTRIBUTE, RetryRequested, job_context, run_attempt
 from celery_ext._checks import warn_eager_once
+from celery_ext._eager import run_eager
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._parking import install as install_parking
 from celery_ext._policy import reject_celery_retry_options, task_policy
@@ -51,9 +53,11 @@ from ojs_adapters import (
     JobContext,
     OjsValidationError,
     RetryPolicy,
+    RetryPolicyDict,
     check_idempotency_key,
     new_idempotency_key,
 )
+from ojs_adapters._instant import active as instant_retries_active
 from ojs_adapters.budget import check_dependency
 
 #: Keys of Celery's publish retry policy (kombu ``Connection.ensure``), which is not an OJS policy.
@@ -61,12 +65,22 @@ PUBLISH_RETRY_KEYS = frozenset({"max_retries", "interval_start", "interval_step"
                                 "interval_max", "retry_errors"})
 
 
+class PublishRetryPolicyDict(TypedDict, total=False):
+    """Celery's own ``apply_async(retry_policy=...)``: kombu's publish retry settings."""
+
+    max_retries: int | None
+    interval_start: float
+    interval_step: float
+    interval_max: float
+    retry_errors: tuple[type[BaseException], ...] | None
+
+
 class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
     """A Celery task whose failures follow an OJS ``RetryPolicy``.
 
     Class options (also accepted by ``@app.task(base=OjsTask, ...)``):
 
-    - ``retry_policy``: a partial OJS policy, merged over
+    - ``retry_policy``: a partial OJS policy (a ``RetryPolicyDict``), merged over
       ``app.conf.ojs_default_retry_policy`` and the OJS defaults.
     - ``jitter_source``: zero-argument callable giving u in [0, 1) for the
       jitter multiplier 0.5 + u (default ``app.conf.ojs_jitter_source``, then
@@ -93,7 +107,7 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
     2
     """
 
-    retry_policy: ClassVar[Mapping[str, Any] | None] = None
+    retry_policy: ClassVar[RetryPolicyDict | RetryPolicy | None] = None
     jitter_source: ClassVar[Callable[[], float] | None] = None
     dead_letter_queue: ClassVar[str | None] = None
     retry_budget: ClassVar[str | None] = None
@@ -140,7 +154,8 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: Any = None,
                     producer: Any = None, link: Any = None, link_error: Any = None,
-                    shadow: Any = None, *, retry_policy: Mapping[str, Any] | None = None,
+                    shadow: Any = None, *,
+                    retry_policy: RetryPolicyDict | PublishRetryPolicyDict | None = None,
                     publish_retry_policy: Mapping[str, Any] | None = None,
                     idempotency_key: str | None = None, **options: Any) -> Any:
         """Send the task; ``retry_policy`` overrides the OJS policy for this call only.
@@ -196,6 +211,8 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
         if request.called_directly or self.native:
             return super().__call__(*args, **kwargs)
         if request.is_eager:
+            if instant_retries_active():  # a test's instant_retries(): the policy, no waits
+                return run_eager(self, args, kwargs)
             warn_eager_once(self.name)
             return self.run(*args, **kwargs)
         return run_attempt(self, args, kwargs)

@@ -146,10 +146,12 @@ from ojs_adapters import (
     JobRecord,
     RetryBudgets,
     RetryPolicy,
+    RetryPolicyDict,
     decide,
     describe_failure,
     emit,
 )
+from ojs_adapters._instant import broker_delay, jitter_sample, note_job
 from ojs_adapters.backend_retry import BackendRetry, count_failure
 from ojs_adapters.budget import AnyRetryBudget
 from ojs_adapters.claims import Begun, record_of
@@ -263,7 +265,7 @@ class OjsRetries(Middleware):
     def __init__(
         self,
         *,
-        default_policy: Mapping[str, Any] | RetryPolicy | None = None,
+        default_policy: RetryPolicyDict | RetryPolicy | None = None,
         store: RecordStore | None = None,
         jitter_source: JitterSource | None = None,
         history_limit: int = MIN_HISTORY,
@@ -472,6 +474,7 @@ class OjsRetries(Middleware):
 
     def _execute(self, broker: Broker, message: MessageProxy, state: MessageState,
                  record: JobRecord, decision: Decision) -> None:
+        note_job("dramatiq", message.message_id, broker)  # where instant_retries() reads it
         state = state.after(decision.entry, keep=self.history_limit)
         record = record.failed(decision.entry, action=decision.action, delay=decision.delay,
                                keep=self.history_limit, reason=decision.reason)
@@ -507,6 +510,8 @@ class OjsRetries(Middleware):
         """Publish the successor ``state`` describes; if it fails, keep it for ``before_ack``."""
         attempt = record.attempt if state.dead_letter else state.attempt
         options = {STATE_OPTION: state.to_option(), KEY_OPTION: _key_of(message)}
+        # Inside a test's instant_retries() the broker gets 0 ms; the record keeps the delay.
+        delay = broker_delay(delay)
         pending = _Pending(message.copy(options=options), delay,
                            error_headers(record.errors[-1], attempt), record)
         self._publish_pending(broker, message, pending)
@@ -720,7 +725,7 @@ class OjsRetries(Middleware):
             return base
 
     def _sample(self, policy: RetryPolicy) -> float | None:
-        return self.jitter_source() if policy.jitter else None
+        return jitter_sample(self.jitter_source) if policy.jitter else None  # pinnable in tests
 
     def _decide(self, broker: Broker, message: MessageProxy, policy: RetryPolicy,
                 state: MessageState, failure: Failure) -> Decision:

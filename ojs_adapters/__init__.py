@@ -29,7 +29,7 @@ from ojs_adapters.failure import Failure, HandlerCode, JobError, describe_failur
 from ojs_adapters.history import MIN_HISTORY, ErrorEntry, JobRecord
 from ojs_adapters.keys import check_idempotency_key, new_idempotency_key
 from ojs_adapters.logs import LogDecisions
-from ojs_adapters.policy import DEFAULT_POLICY, RetryPolicy
+from ojs_adapters.policy import DEFAULT_POLICY, RetryPolicy, RetryPolicyDict
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -61,6 +61,7 @@ __all__ = [
     "RetryBudget",
     "RetryBudgets",
     "RetryPolicy",
+    "RetryPolicyDict",
     "add_hook",
     "check_idempotency_key",
     "classify",

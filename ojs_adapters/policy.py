@@ -17,11 +17,11 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from ojs_adapters import backoff
 from ojs_adapters.durations import format_duration, parse_duration
@@ -45,6 +45,33 @@ DEFAULT_POLICY: Mapping[str, Any] = {
 
 #: Defaults of the opt-in extension fields (issue 10); absent from ``DEFAULT_POLICY``.
 EXTENSION_DEFAULTS: Mapping[str, Any] = {"jitter_mode": "ojs", "max_duration": None}
+
+
+class RetryPolicyDict(TypedDict, total=False):
+    """A (partial) retry policy as a mapping: the keys ``retry_policy=`` arguments accept.
+
+    Every key is optional (RET-10: the rest comes from the layer below). Durations are
+    ISO 8601 strings (RET-02). A type for editors and mypy: a misspelt key
+    (``max_attemps``) is flagged where a parameter is typed with it; at run time
+    ``RetryPolicy.from_dict`` still validates whatever it is given (RET-16).
+
+    >>> policy: RetryPolicyDict = {"max_attempts": 5, "on_exhaustion": "dead_letter"}
+    >>> RetryPolicy.from_dict(policy).max_attempts
+    5
+    """
+
+    max_attempts: int
+    initial_interval: str
+    backoff_coefficient: float
+    max_interval: str
+    jitter: bool
+    non_retryable_errors: Sequence[str]
+    on_exhaustion: OnExhaustion
+    backoff_strategy: backoff.BackoffStrategy
+    #: Extension (issue 10): "ojs" (default), "full" or "decorrelated" jitter.
+    jitter_mode: backoff.JitterMode
+    #: Extension (integration standard R-3): ISO 8601 duration, or ``None`` for no limit.
+    max_duration: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +117,13 @@ class RetryPolicy:
 
     @classmethod
     def from_dict(
-        cls, data: Mapping[str, Any] | RetryPolicy | None, *, base: RetryPolicy | None = None
+        cls, data: RetryPolicyDict | Mapping[str, Any] | RetryPolicy | None, *,
+        base: RetryPolicy | None = None,
     ) -> RetryPolicy:
         """Validate a (partial) policy mapping and merge it over ``base`` or the defaults.
+
+        ``data`` is typed ``RetryPolicyDict`` for editors; any mapping is accepted (a
+        parsed JSON or YAML document), and checked here.
 
         Raises ``OjsValidationError`` (code ``INVALID_RETRY_POLICY``) whose
         ``details`` name the ``field``, the ``value`` and the ``rule``.

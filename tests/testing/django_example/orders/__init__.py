@@ -1,0 +1,1 @@
+"""The orders app: charging a card."""
