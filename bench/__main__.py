@@ -2,7 +2,8 @@
 
 Sections: ``core`` (micro-benchmarks of the core), ``e2e`` (throughput, native
 against OJS, alternating rounds), ``timing`` (retry lateness) and ``memory``
-(worker RSS with jobs waiting in backoff). Workers are in-process
+(worker RSS with jobs waiting in backoff); ``web`` (the console's page times with
+10,000 dead letters and 10,000 waiting retries per framework, ``bench.web``). Workers are in-process
 (``celery.contrib.testing.worker`` thread pool; ``dramatiq.Worker`` threads),
 4 threads each; the memory runs use a fresh process per measurement.
 """
@@ -26,7 +27,7 @@ from bench.workload import Side
 #: Where results go unless --out says otherwise.
 RESULTS_DIR = Path(__file__).parent / "results"
 #: Every section, in run order.
-ALL_SECTIONS = ("core", "e2e", "timing", "memory")
+ALL_SECTIONS = ("core", "e2e", "timing", "memory", "web")
 
 
 def _settings(quick: bool) -> dict[str, Any]:
@@ -106,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         elif section == "timing":
             result["timing"] = _each_side(settings["timing_brokers"], lambda side: timing.run(
                 side, per_delay=settings["per_delay"], window=settings["window"]))
+        elif section == "web":
+            from bench import web
+
+            result["web"] = web.run() if env.reachable("redis") else []
+            web.print_table(result["web"])
         else:
             result["memory"] = memory.run(("celery", "dramatiq"),
                                           jobs=settings["memory_jobs"])

@@ -39,6 +39,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
+from celery_ext._alerts import dead_lettered
 from celery_ext._deadletter import publish_dead_letter
 from celery_ext._handoff import with_retry
 from celery_ext._headers import HeaderState
@@ -93,6 +94,7 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
                              self.name, self.id, queue)
             return False
         logger.info("%s[%s]: dead-lettered to %r", self.name, self.id, queue)
+        dead_lettered(exc.record, queue)  # the on_dead_letter hooks (ojs_adapters.alerts)
         store = RecordStore(self.task.backend)
         try:  # a redelivery of the original now knows the dead letter landed
             with_retry(self.task.app, lambda: store.save(handed_off(exc.record)),

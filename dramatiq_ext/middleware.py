@@ -108,6 +108,7 @@ from dramatiq.errors import BrokerConnectionError, Retry
 from dramatiq.middleware import Middleware, MiddlewareError, Retries, SkipMessage
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
+from dramatiq_ext._alerts import dead_lettered
 from dramatiq_ext._context import clear_current_job, set_current_job
 from dramatiq_ext._handoff import TOKEN_OPTION, Publisher, is_redis
 from dramatiq_ext._lease import HEARTBEAT, time_limit_paused
@@ -469,6 +470,8 @@ class OjsRetries(Middleware):
         if state.dead_letter and message.failed and state.errors:
             last = state.errors[-1]
             message.stuff_exception(DeadLettered(f"{last.code} {last.type}: {last.message}"))
+        if state.dead_letter and message.failed:
+            dead_lettered(message, state)  # the on_dead_letter hooks (ojs_adapters.alerts)
 
     # -- executing a decision -----------------------------------------------------------
 

@@ -1,0 +1,238 @@
+"""The console's view of a Celery app (``ojs_adapters.browse``):
+entry point ``ojs_adapters.console``.
+
+Dead letters come from ``celery_ext.dlq`` (the ``ojs-retry dlq`` API, which replays
+and deletes). On Redis, pages are read on the broker: the ``<queue>.dead_letter``
+lists are in dead-lettering order (kombu pushes on the left), so a page is one
+``LRANGE`` per list it spans, counts are ``LLEN``, and only the page is decoded;
+a filter on task, error type or date reads the lists in chunks of ``CHUNK``,
+tests each raw envelope for the filter's literal text first and decodes only what
+may match. Pages list queue by queue (sorted), oldest first within a queue. On
+RabbitMQ a queue cannot be read without taking it, so pages come from the
+``DeadLetters`` listing and depths from a passive declare.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timezone
+from fnmatch import fnmatchcase
+from typing import Any
+
+from celery_ext._deadletter import DEAD_LETTER_HEADER
+from celery_ext._dlq_redis import RedisDeadLetters, _Envelope
+from celery_ext._headers import HEADER, HeaderState
+from celery_ext._waiting import CeleryRetryView
+from celery_ext.dlq import open_dead_letter_queue
+from celery_ext.records import get_job_record
+from ojs_adapters.browse import LetterDetails
+from ojs_adapters.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
+from ojs_adapters.history import JobRecord
+from ojs_adapters.stats import StatsReader
+
+#: Envelopes read per round trip while filtering.
+CHUNK = 500
+#: Headers that repeat the job's arguments (Celery's ``argsrepr``/``kwargsrepr``).
+_ARGUMENT_HEADERS = frozenset({"argsrepr", "kwargsrepr"})
+
+
+class CeleryConsole:
+    """``ConsoleBackend`` of a Celery app (see the module docstring)."""
+
+    framework = "celery"
+
+    def __init__(self, dead_letters: DeadLetters) -> None:
+        self.dead_letters = dead_letters
+        self.app: Any = dead_letters.store.app  # type: ignore[attr-defined]
+        store = dead_letters.store
+        self._redis = store if isinstance(store, RedisDeadLetters) else None
+
+    def retry_view(self, stats: StatsReader | None) -> CeleryRetryView:
+        if self._redis is None:
+            return CeleryRetryView(self.app, stats=stats)
+        return CeleryRetryView(self.app, redis=self._redis.client, prefix=self._redis.prefix,
+                               stats=stats)
+
+    def record(self, job_id: str) -> JobRecord | None:
+        return get_job_record(job_id, app=self.app)
+
+    def stats_client(self) -> Any | None:
+        if self._redis is not None:
+            return self._redis.client
+        backend = self.app.backend
+        return backend.client if type(backend).__name__ == "RedisBackend" else None
+
+    def close(self) -> None:
+        self.dead_letters.close()
+
+    # -- dead letters ---------------------------------------------------------------
+
+    def describe(self, letter: DeadLetter) -> LetterDetails:
+        payload = letter.payload
+        headers = dict(payload.get("headers") or {})
+        state = HeaderState.from_headers(headers)
+        task = self.app.tasks.get(letter.task_type)
+        policy = None
+        try:
+            policy = task.policy(state.policy).to_dict() if task is not None and \
+                hasattr(task, "policy") else state.policy
+        except Exception:  # an unreadable header policy: show none rather than guess
+            policy = None
+        shown = {k: v for k, v in headers.items() if k not in _ARGUMENT_HEADERS and k != HEADER}
+        return LetterDetails(shown, policy, state.idempotency_key,
+                             {"args": payload.get("args"), "kwargs": payload.get("kwargs")})
+
+    def depths(self) -> dict[str, int]:
+        if self._redis is None:
+            return _amqp_depths(self.app, self.dead_letters)
+        out: dict[str, int] = {}
+        for queue, keys in self._lists().items():
+            with self._redis.client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.llen(key)
+                out[queue] = sum(pipe.execute())
+        return out
+
+    def letters(self, filters: DeadLetterFilter, *, page: int = 1, per_page: int = 50) -> Page:
+        if self._redis is None:
+            return self.dead_letters.list(filters, page=page, per_page=per_page)
+        start = (page - 1) * per_page
+        lists = self._lists(filters.queue)
+        if filters == DeadLetterFilter(queue=filters.queue):  # broker-side slices only
+            return Page(tuple(self._slice(lists, start, per_page)), page, per_page,
+                        sum(self._lengths(lists).values()))
+        total, kept = 0, []
+        for envelope, queue in self._scan(lists, _needles(filters)):
+            if not _may_match(envelope.data, filters):  # exact: the filter's own test
+                continue
+            if start <= total < start + per_page:  # only the page is decoded whole
+                kept.append(self._redis._letter(envelope, queue))
+            total += 1
+        return Page(tuple(kept), page, per_page, total)
+
+    def letter(self, job_id: str, queue: str | None = None,
+               key: str | None = None) -> DeadLetter | None:
+        if self._redis is None:
+            return self.dead_letters.show(job_id)
+        found = None
+        for envelope, original in self._scan(self._lists(queue), [job_id.encode()]):
+            letter = self._redis._letter(envelope, original)
+            if letter.id == job_id:
+                found = letter  # the newest one wins, as DeadLetters.show
+        return found
+
+    def _lists(self, queue: str | None = None) -> dict[str, list[str]]:
+        """``{original queue: [its dead-letter list keys]}``, sorted by queue."""
+        assert self._redis is not None
+        out: dict[str, list[str]] = {}
+        for dead, original in sorted(self._redis._names().items(), key=lambda x: x[1]):
+            if queue in (None, original):
+                out.setdefault(original, []).extend(dict.fromkeys(self._redis._lists(dead)))
+        return out
+
+    def _lengths(self, lists: Mapping[str, list[str]]) -> dict[tuple[str, str], int]:
+        assert self._redis is not None
+        pairs = [(q, k) for q, keys in lists.items() for k in keys]
+        with self._redis.client.pipeline(transaction=False) as pipe:
+            for _q, key in pairs:
+                pipe.llen(key)
+            return dict(zip(pairs, pipe.execute(), strict=True))
+
+    def _slice(self, lists: Mapping[str, list[str]], start: int,
+               count: int) -> Iterator[DeadLetter]:
+        """Letters ``start..start+count`` of the lists end to end, each list oldest first."""
+        assert self._redis is not None
+        for (queue, key), length in self._lengths(lists).items():
+            if count <= 0:
+                return
+            if start >= length:
+                start -= length
+                continue
+            first, last = -(start + count), -(start + 1)  # oldest is at the right end
+            raws = self._redis.client.lrange(key, max(first, -length), last)
+            for raw in reversed(raws):
+                yield self._redis._letter(_Envelope(key, raw, json.loads(raw)), queue)
+            count -= len(raws)
+            start = 0
+
+    def _scan(self, lists: Mapping[str, list[str]],
+              needles: Sequence[bytes]) -> Iterator[tuple[_Envelope, str]]:
+        """Envelopes containing every needle, list by list, oldest first, a chunk at a time."""
+        assert self._redis is not None
+        for queue, keys in lists.items():
+            for key in keys:
+                end = -1
+                while True:
+                    raws = self._redis.client.lrange(key, end - CHUNK + 1, end)
+                    for raw in reversed(raws):
+                        if all(n in raw for n in needles):
+                            yield _Envelope(key, raw, json.loads(raw)), queue
+                    if len(raws) < CHUNK:
+                        break
+                    end -= CHUNK
+
+
+def _needles(filters: DeadLetterFilter) -> list[bytes]:
+    """Literal text every matching raw envelope contains (the part of a pattern before a
+    wildcard); a cheap test before decoding."""
+    out = []
+    for pattern in (filters.task_type, filters.error_type):
+        literal = (pattern or "").split("*")[0].split("?")[0].split("[")[0]
+        if literal:
+            out.append(json.dumps(literal)[1:-1].encode())
+    return out
+
+
+def _may_match(data: Mapping[str, Any], filters: DeadLetterFilter) -> bool:
+    """The filter on task, error type, time and ids, from the headers alone (no body
+    decoding; the ``ojs-dead-letter`` record only when the error type or time is asked)."""
+    headers = data.get("headers") or {}
+    if filters.ids is not None and str(headers.get("id")) not in filters.ids:
+        return False
+    if filters.task_type is not None and not fnmatchcase(str(headers.get("task")),
+                                                         filters.task_type):
+        return False
+    if filters.error_type is None and filters.since is None and filters.until is None:
+        return True
+    raw = headers.get(DEAD_LETTER_HEADER)
+    record = json.loads(raw) if raw else {}
+    errors = record.get("errors") or [e.to_dict() for e in
+                                      HeaderState.from_headers(headers).errors]
+    error_type = errors[-1].get("type") if errors else None
+    if filters.error_type is not None and not fnmatchcase(error_type or "", filters.error_type):
+        return False
+    if filters.since is None and filters.until is None:
+        return True
+    stamp = record.get("updated_at") or (errors[-1].get("occurred_at") if errors else None)
+    moment = datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) if stamp else \
+        datetime.now(timezone.utc)
+    return DeadLetterFilter(since=filters.since, until=filters.until).matches(DeadLetter(
+        id="", queue="", task_type="", error_type=None, dead_lettered_at=moment, attempt=0))
+
+
+def _amqp_depths(app: Any, dead_letters: DeadLetters) -> dict[str, int]:
+    """Messages in each dead-letter queue, by a passive declare (nothing is taken)."""
+    names: dict[str, str] = dead_letters.store._names()  # type: ignore[attr-defined]
+    out: dict[str, int] = {}
+    with app.connection_for_write() as conn:
+        for dead, original in names.items():
+            channel = conn.channel()
+            try:
+                count = int(channel.queue_declare(queue=dead, passive=True).message_count)
+            except Exception:  # not declared: nothing dead there
+                continue
+            finally:
+                with contextlib.suppress(Exception):  # closed by the 404 already
+                    channel.close()
+            out[original] = out.get(original, 0) + count
+    return out
+
+
+def open_console_backend(*, app: str | None = None, broker: str | None = None,
+                         queues: Sequence[str] = (),
+                         options: Mapping[str, str] | None = None) -> CeleryConsole:
+    """The ``ojs_adapters.console`` entry point: the arguments of ``open_dead_letter_queue``."""
+    return CeleryConsole(open_dead_letter_queue(app=app, broker=broker, queues=queues,
+                                                options=options))

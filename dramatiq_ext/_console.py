@@ -1,0 +1,253 @@
+"""The console's view of a Dramatiq broker (``ojs_adapters.browse``): entry point
+``ojs_adapters.console``.
+
+Dead letters come from ``dramatiq_ext.dlq`` (the ``ojs-retry dlq`` API, which
+replays and deletes). On Redis, pages are read on the broker: each ``<ns>:<q>.XQ``
+is a sorted set scored by dead-lettering time (ms), so the date filter is a score
+range, counts are ``ZCOUNT``, a page merges the queues' id ranges by score and
+decodes only its own messages (``HMGET``). A filter on actor or error type reads
+the queues in chunks of ``CHUNK``, tests each raw message for the filter's literal
+text first, and decodes only what may match. On RabbitMQ a queue cannot be read
+without taking it: pages come from the ``DeadLetters`` listing, depths from a
+passive declare.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from dramatiq.common import xq_name
+from dramatiq.message import Message
+
+from dramatiq_ext._dlq_rabbitmq import RabbitmqDeadLetters
+from dramatiq_ext._dlq_redis import RedisDeadLetters
+from dramatiq_ext._options import KEY_OPTION
+from dramatiq_ext._state import STATE_OPTION
+from dramatiq_ext._waiting import DramatiqRetryView
+from dramatiq_ext.dlq import dead_letter_of, open_dead_letter_queue
+from dramatiq_ext.middleware import OjsRetries
+from ojs_adapters.browse import LetterDetails
+from ojs_adapters.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
+from ojs_adapters.history import JobRecord
+from ojs_adapters.stats import StatsReader
+
+#: Messages read per round trip while filtering.
+CHUNK = 500
+
+
+class DramatiqConsole:
+    """``ConsoleBackend`` of a Dramatiq broker (see the module docstring)."""
+
+    framework = "dramatiq"
+
+    def __init__(self, dead_letters: DeadLetters) -> None:
+        self.dead_letters = dead_letters
+        store: Any = dead_letters.store
+        self.broker: Any = store.broker
+        self.records: Any = store.records.store
+        self._redis = store if isinstance(store, RedisDeadLetters) else None
+        self._amqp = store if isinstance(store, RabbitmqDeadLetters) else None
+
+    def retry_view(self, stats: StatsReader | None) -> DramatiqRetryView:
+        ojs = next((m for m in self.broker.middleware if isinstance(m, OjsRetries)), None)
+        levels = ojs.parking.levels.base if ojs is not None else "ojs_dramatiq_delayed"
+        return DramatiqRetryView(self.broker, self.dead_letters.queues(), self.records,
+                                 levels=levels, stats=stats, max_attempts=self._max_attempts)
+
+    def _max_attempts(self, actor: str, message: Any) -> int | None:
+        ojs = next((m for m in self.broker.middleware if isinstance(m, OjsRetries)), None)
+        if ojs is None or actor not in self.broker.actors:
+            return None
+        try:
+            return int(ojs._policy(self.broker, message).max_attempts)
+        except Exception:  # an actor of another broker, an unreadable message policy
+            return None
+
+    def record(self, job_id: str) -> JobRecord | None:
+        data = self.records.load(job_id)
+        return JobRecord.from_dict(data) if data else None
+
+    def stats_client(self) -> Any | None:
+        if self._redis is not None:
+            return self._redis.client
+        try:
+            backend = self.broker.get_results_backend()
+        except RuntimeError:
+            return None
+        client = getattr(backend, "client", None)
+        return client if hasattr(client, "hgetall") else None
+
+    def close(self) -> None:
+        self.dead_letters.close()
+
+    # -- dead letters ---------------------------------------------------------------
+
+    def describe(self, letter: DeadLetter) -> LetterDetails:
+        payload = dict(letter.payload)
+        options = dict(payload.get("options") or {})
+        policy = None
+        ojs = next((m for m in self.broker.middleware if isinstance(m, OjsRetries)), None)
+        if ojs is not None and letter.task_type in self.broker.actors:
+            try:
+                message: Any = Message(**payload)  # read like a delivery's proxy
+                policy = ojs._policy(self.broker, message).to_dict()
+            except Exception:  # an unreadable message policy: show none rather than guess
+                policy = None
+        shown = {k: v for k, v in options.items() if k != STATE_OPTION}
+        key = options.get(KEY_OPTION)
+        return LetterDetails(shown, policy, str(key) if key is not None else None,
+                             {"args": payload.get("args"), "kwargs": payload.get("kwargs")})
+
+    def depths(self) -> dict[str, int]:
+        queues = self.dead_letters.queues()
+        if self._redis is not None:
+            with self._redis.client.pipeline(transaction=False) as pipe:
+                for queue in queues:
+                    pipe.zcard(self._key(queue))
+                return dict(zip(queues, (int(n) for n in pipe.execute()), strict=True))
+        if self._amqp is None:  # the stub broker
+            return {q: self.dead_letters.list(DeadLetterFilter(queue=q)).total for q in queues}
+        from pika.exceptions import ChannelClosedByBroker
+
+        out: dict[str, int] = {}
+        for queue in queues:
+            channel = self._amqp._open()
+            try:
+                out[queue] = int(channel.queue_declare(xq_name(queue), passive=True)
+                                 .method.message_count)
+            except ChannelClosedByBroker:  # no dead-letter queue yet
+                out[queue] = 0
+            finally:
+                if channel.is_open:
+                    channel.close()
+        return out
+
+    def letters(self, filters: DeadLetterFilter, *, page: int = 1, per_page: int = 50) -> Page:
+        if self._redis is None:
+            return self.dead_letters.list(filters, page=page, per_page=per_page)
+        queues = [filters.queue] if filters.queue else self.dead_letters.queues()
+        low, high = _bound(filters.since, "-inf"), _bound(filters.until, "+inf", exclusive=True)
+        start = (page - 1) * per_page
+        if filters.task_type is None and filters.error_type is None and filters.ids is None:
+            with self._redis.client.pipeline(transaction=False) as pipe:
+                for queue in queues:
+                    pipe.zcount(self._key(queue), low, high)
+                    pipe.zrangebyscore(self._key(queue), low, high, start=0,
+                                       num=start + per_page, withscores=True)
+                found = pipe.execute()
+            total = sum(int(n) for n in found[0::2])
+            ranked = heapq.merge(*([(s, _text(k), q) for k, s in pairs]
+                                   for q, pairs in zip(queues, found[1::2], strict=True)))
+            chosen = list(ranked)[start:start + per_page]
+            return Page(tuple(self._decode(chosen)), page, per_page, total)
+        matches: list[tuple[float, str, str]] = []
+        needles = _needles(filters)
+        for queue in queues:
+            offset = 0
+            while True:
+                pairs = self._redis.client.zrangebyscore(self._key(queue), low, high,
+                                                         start=offset, num=CHUNK,
+                                                         withscores=True)
+                if not pairs:
+                    break
+                datas = self._redis.client.hmget(self._key(queue) + ".msgs",
+                                                 [k for k, _ in pairs])
+                for (key, score), data in zip(pairs, datas, strict=True):
+                    if data is not None and all(n in data for n in needles) and \
+                            _may_match(data, filters):
+                        matches.append((score, _text(key), queue))
+                if len(pairs) < CHUNK:
+                    break
+                offset += CHUNK
+        matches.sort()
+        return Page(tuple(self._decode(matches[start:start + per_page])), page, per_page,
+                    len(matches))
+
+    def letter(self, job_id: str, queue: str | None = None,
+               key: str | None = None) -> DeadLetter | None:
+        if self._redis is None:
+            return self.dead_letters.show(job_id)
+        client = self._redis.client
+        found: list[DeadLetter] = []
+        for name in [queue] if queue else self.dead_letters.queues():
+            if key:  # the listing's handle: one read
+                pairs: Any = [(key, client.hget(self._key(name) + ".msgs", key))]
+            else:  # HSCAN cannot match values: read the hash a chunk at a time
+                pairs = client.hscan_iter(self._key(name) + ".msgs", count=CHUNK)
+            for redis_id, data in pairs:
+                if data is None or job_id.encode() not in data:
+                    continue
+                message = Message.decode(data)
+                if message.message_id == job_id:
+                    score = client.zscore(self._key(name), redis_id)
+                    at = datetime.fromtimestamp(score / 1000, timezone.utc) if score else None
+                    found.append(dead_letter_of(message, key=_text(redis_id), at=at))
+        return max(found, key=lambda x: x.dead_lettered_at) if found else None
+
+    def _key(self, queue: str) -> str:
+        assert self._redis is not None
+        return self._redis._key(queue, ".XQ")
+
+    def _decode(self, chosen: Sequence[tuple[float, str, str]]) -> list[DeadLetter]:
+        """The dead letters of ``(score, redis id, queue)`` triples, in that order."""
+        assert self._redis is not None
+        by_queue: dict[str, list[str]] = {}
+        for _score, key, queue in chosen:
+            by_queue.setdefault(queue, []).append(key)
+        datas: dict[tuple[str, str], Any] = {}
+        for queue, keys in by_queue.items():
+            values = self._redis.client.hmget(self._key(queue) + ".msgs", keys)
+            datas.update(((queue, k), v) for k, v in zip(keys, values, strict=True))
+        out = []
+        for score, key, queue in chosen:
+            data = datas.get((queue, key))
+            if data is not None:  # removed between the two reads
+                at = datetime.fromtimestamp(score / 1000, timezone.utc)
+                out.append(dead_letter_of(Message.decode(data), key=key, at=at))
+        return out
+
+
+def _bound(moment: datetime | None, default: str, *, exclusive: bool = False) -> str:
+    if moment is None:
+        return default
+    aware = moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    millis = aware.timestamp() * 1000
+    return f"({millis!r}" if exclusive else repr(millis)
+
+
+def _needles(filters: DeadLetterFilter) -> list[bytes]:
+    out = []
+    for pattern in (filters.task_type, filters.error_type):
+        literal = (pattern or "").split("*")[0].split("?")[0].split("[")[0]
+        if literal:
+            out.append(json.dumps(literal)[1:-1].encode())
+    return out
+
+
+def _may_match(data: bytes, filters: DeadLetterFilter) -> bool:
+    """The filter on actor, error type and ids, from the message JSON alone."""
+    message = json.loads(data)
+    errors = ((message.get("options") or {}).get("ojs") or {}).get("errors") or []
+    last = errors[-1] if errors and isinstance(errors[-1], Mapping) else {}
+    probe = DeadLetter(id=str(message.get("message_id")), queue="",
+                       task_type=str(message.get("actor_name")),
+                       error_type=last.get("type"),
+                       dead_lettered_at=datetime.now(timezone.utc), attempt=0)
+    return DeadLetterFilter(task_type=filters.task_type, error_type=filters.error_type,
+                            ids=filters.ids).matches(probe)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def open_console_backend(*, app: str | None = None, broker: str | None = None,
+                         queues: Sequence[str] = (),
+                         options: Mapping[str, str] | None = None) -> DramatiqConsole:
+    """The ``ojs_adapters.console`` entry point: the arguments of ``open_dead_letter_queue``."""
+    return DramatiqConsole(open_dead_letter_queue(app=app, broker=broker, queues=queues,
+                                                  options=options))

@@ -1,0 +1,65 @@
+"""``ojs-retry web``: serve the console (registered through the ``ojs_adapters.cli`` group)."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+#: Default port of ``ojs-retry web``.
+DEFAULT_PORT = 8642
+
+
+@click.command("web")
+@click.option("--framework", required=True, type=click.Choice(["celery", "dramatiq"]))
+@click.option("--app", metavar="MODULE[:ATTR]",
+              help="The Celery app or Dramatiq broker, imported from the current directory.")
+@click.option("--broker", metavar="URL", help="Broker URL, instead of --app.")
+@click.option("--queue", "queues", multiple=True, help="A queue to look at beyond those found.")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="As for 'ojs-retry dlq' (namespace=, records=, backend=, management=).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; anything but loopback exposes the console.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int)
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
+              help="Operator tokens, one 'name:token' per line (also $OJS_WEB_TOKEN). "
+                   "Without one the console is read-only.")
+@click.option("--show-args", is_flag=True, help="Show job arguments on dead letters.")
+@click.option("--stats", "stats_url", metavar="REDIS_URL",
+              help="Where the workers' enable_stats() writes (default: the broker's or "
+                   "result backend's Redis).")
+@click.option("--stats-prefix", default="ojs-stats", show_default=True)
+def command(framework: str, app: str | None, broker: str | None, queues: tuple[str, ...],
+            options: tuple[str, ...], host: str, port: int, token_file: str | None,
+            show_args: bool, stats_url: str | None, stats_prefix: str) -> None:
+    """Serve the operator console: waiting retries, dead letters, decisions.
+
+    \b
+    Examples:
+      ojs-retry web --framework celery --app myapp:app
+      OJS_WEB_TOKEN=... ojs-retry web --framework dramatiq --broker redis://localhost:6379/0
+    """
+    try:
+        import uvicorn
+
+        from ojs_adapters.web import ConsoleSettings, create_app, read_tokens
+    except ImportError as exc:
+        raise click.ClickException(f"the console needs its extra: pip install "
+                                   f"'ojs-adapters[web]' ({exc})") from None
+    if not app and not broker:
+        raise click.UsageError("give --app MODULE[:ATTR] or --broker URL")
+    try:
+        tokens = read_tokens(token_file)
+        settings = ConsoleSettings(
+            framework=framework, app=app, broker=broker, queues=queues,
+            options=dict(item.partition("=")[::2] for item in options), tokens=tokens,
+            show_args=show_args, stats_url=stats_url, stats_prefix=stats_prefix)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    mode = "read-write for " + ", ".join(sorted(tokens)) if tokens else "read-only"
+    click.echo(f"ojs console ({framework}, {mode}) on http://{host}:{port}/", err=True)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: bound to {host}: reachable beyond this machine", err=True)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning",
+                access_log=False)

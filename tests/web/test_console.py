@@ -1,0 +1,260 @@
+"""The console without a browser: security rules, mounting, statistics, the dead-letter hook."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
+from starlette.testclient import TestClient
+
+from ojs_adapters import Decision, DecisionEvent, ErrorEntry, JobRecord
+from ojs_adapters.alerts import DeadLetterEvent, on_dead_letter, remove_dead_letter_hook
+from ojs_adapters.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
+from ojs_adapters.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
+from ojs_adapters.dlq.memory import MemoryDeadLetterStore
+from ojs_adapters.stats import DecisionStats, StatsReader
+from ojs_adapters.web import ConsoleSettings, create_app, wsgi_app
+from ojs_adapters.web._overview import read, summarize
+
+TOKEN = "unit-test-token-0123456789"
+ENTRY = ErrorEntry(attempt=1, code="HANDLER_ERROR", type="net.<b>Down</b>",
+                   message="<script>alert(1)</script>", occurred_at="2026-01-02T00:00:00.000Z")
+
+
+class FakeView:
+    def __init__(self) -> None:
+        self.moved: list[str] = []
+
+    def sources(self) -> list[WaitingSource]:
+        return [WaitingSource("parked", "Parked", listable=True, actionable=True, count=1)]
+
+    def page(self, source: str, filters: WaitingFilter, *, page: int = 1,
+             per_page: int = 50) -> WaitingPage:
+        item = WaitingRetry("w1", "t", "q", 2, 3, "net.Down", "HANDLER_ERROR",
+                            datetime.now(timezone.utc), "parked", "w1")
+        return WaitingPage((item,), page, per_page, 1)
+
+    def retry_now(self, source: str, ids: Sequence[str]) -> int:
+        self.moved += ids
+        return len(ids)
+
+    def discard(self, source: str, ids: Sequence[str]) -> int:
+        return 0
+
+
+class FakeBackend:
+    """A ``ConsoleBackend`` in memory: one dead letter whose error carries markup."""
+
+    framework = "celery"
+
+    def __init__(self) -> None:
+        self.store = MemoryDeadLetterStore()
+        self.store.add(DeadLetter(id="d1", queue="q", task_type="t", error_type=ENTRY.type,
+                                  dead_lettered_at=datetime.now(timezone.utc), attempt=1,
+                                  history=(ENTRY,), payload={"args": ["secret"]}))
+        self.dead_letters = DeadLetters(self.store)
+        self.view = FakeView()
+
+    def retry_view(self, stats: Any) -> FakeView:
+        return self.view
+
+    def letters(self, filters: DeadLetterFilter, *, page: int = 1, per_page: int = 50) -> Page:
+        return self.dead_letters.list(filters, page=page, per_page=per_page)
+
+    def letter(self, job_id: str, queue: str | None = None,
+               key: str | None = None) -> DeadLetter | None:
+        return self.dead_letters.show(job_id)
+
+    def describe(self, letter: DeadLetter) -> Any:
+        from ojs_adapters.browse import LetterDetails
+
+        return LetterDetails({"x-note": "<i>hi</i>"}, None, "k1", dict(letter.payload))
+
+    def depths(self) -> dict[str, int]:
+        return {"q": self.dead_letters.list().total}
+
+    def record(self, job_id: str) -> JobRecord | None:
+        return None
+
+    def stats_client(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend()
+
+
+def client_for(backend: FakeBackend, **settings: Any) -> TestClient:
+    app = create_app(ConsoleSettings(framework="celery", **settings), opener=lambda: backend)
+    return TestClient(app)
+
+
+def csrf_of(text: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', text)
+    assert found is not None
+    return found.group(1)
+
+
+def test_read_only_by_default_no_buttons_and_every_action_refused(backend: FakeBackend) -> None:
+    client = client_for(backend)
+    page = client.get("/dead-letters").text
+    assert "read-only" in page and "replay" not in page and 'method="post"' not in page
+    assert client.get("/confirm?action=replay&id=d1").status_code == 403
+    refused = client.post("/actions/dead-letters", data={"action": "delete", "id": "d1"})
+    assert refused.status_code == 403 and backend.dead_letters.list().total == 1
+    assert client.get("/login").status_code == 404
+
+
+def test_actions_need_the_token_and_the_csrf_token(backend: FakeBackend) -> None:
+    client = client_for(backend, tokens={"alice": TOKEN})
+    token = csrf_of(client.get("/login").text)
+    delete = {"action": "delete", "id": "d1", "queue": "q"}
+    assert client.post("/actions/dead-letters", data={**delete, "csrf": token}).status_code == 403
+    wrong = client.post("/login", data={"token": "nope-nope-nope-nope", "csrf": token})
+    assert wrong.status_code == 403
+    assert client.post("/login", data={"token": TOKEN}).status_code == 403  # no CSRF token
+    assert client.post("/login", data={"token": TOKEN, "csrf": token}).status_code == 200
+    assert client.post("/actions/dead-letters", data=delete).status_code == 403  # no CSRF
+    other = {**delete, "csrf": token}
+    cross = client.post("/actions/dead-letters", data=other,
+                        headers={"Origin": "http://evil.example"})
+    assert cross.status_code == 403 and backend.dead_letters.list().total == 1
+    confirm = client.get("/confirm?action=delete&id=d1&queue=q")
+    assert "Delete 1 dead letter?" in confirm.text
+    done = client.post("/actions/dead-letters", data=other)
+    assert done.status_code == 200 and "Deleted 1 dead letter" in done.text
+    assert backend.dead_letters.list().total == 0
+
+
+def test_a_bulk_action_acts_only_on_the_count_confirmed(backend: FakeBackend) -> None:
+    client = client_for(backend, auth=lambda request: "host-user")
+    token = csrf_of(client.get("/confirm?action=replay&error=net.*").text)
+    changed = client.post("/actions/dead-letters",
+                          data={"action": "replay", "error": "net.*", "expected": "5",
+                                "csrf": token})
+    assert "selection changed" in changed.text and not backend.store.requeued
+    done = client.post("/actions/dead-letters",
+                       data={"action": "replay", "error": "net.*", "expected": "1",
+                             "csrf": token})
+    assert "Replayed 1 dead letter" in done.text and len(backend.store.requeued) == 1
+
+
+def test_job_text_is_escaped_and_arguments_hidden(backend: FakeBackend) -> None:
+    client = client_for(backend)
+    for path in ("/dead-letters", "/dead-letter?id=d1"):
+        text = client.get(path).text
+        assert "<script>alert(1)</script>" not in text and "<b>Down</b>" not in text
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    detail = client.get("/dead-letter?id=d1").text
+    assert "secret" not in detail and "&lt;i&gt;hi&lt;/i&gt;" in detail
+    assert "secret" in client_for(backend, show_args=True).get("/dead-letter?id=d1").text
+    headers = client.get("/").headers
+    assert "script-src 'self'" in headers["content-security-policy"]
+
+
+def test_mounts_under_a_prefix_in_asgi_and_wsgi_hosts(backend: FakeBackend) -> None:
+    settings = ConsoleSettings(framework="celery")
+    host = Starlette(routes=[Mount("/ojs", create_app(settings, opener=lambda: backend))])
+    page = TestClient(host).get("/ojs/dead-letters").text
+    assert 'href="/ojs/dead-letter?id=d1' in page and 'src="/ojs/static/htmx.min.js"' in page
+    assert TestClient(host).get("/ojs/static/htmx.min.js").status_code == 200
+
+    flask = pytest.importorskip("flask")
+    from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+    import ojs_adapters.web._app as app_module
+
+    original = app_module.open_console_backend
+    app_module.open_console_backend = lambda *a, **k: backend  # type: ignore[assignment]
+    try:
+        outer = flask.Flask("host")
+        outer.wsgi_app = DispatcherMiddleware(outer.wsgi_app,  # type: ignore[method-assign]
+                                              {"/ojs": wsgi_app(settings)})
+        response = outer.test_client().get("/ojs/dead-letters")
+        assert response.status_code == 200 and b'href="/ojs/dead-letter?id=d1' in response.data
+    finally:
+        app_module.open_console_backend = original  # type: ignore[assignment]
+
+
+def test_metrics_give_the_dead_letter_depth_per_queue(backend: FakeBackend) -> None:
+    text = client_for(backend).get("/metrics").text
+    assert 'ojs_dead_letter_depth{framework="celery",queue="q"} 1.0' in text
+
+
+@pytest.fixture
+def stats(redis_url: str) -> Iterator[tuple[DecisionStats, StatsReader]]:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    prefix = f"ojs-test-stats-{uuid.uuid4().hex[:8]}"
+    yield DecisionStats(client, prefix=prefix), StatsReader(client, prefix=prefix)
+    for key in client.scan_iter(match=f"{prefix}*"):
+        client.delete(key)
+
+
+def _event(job: str, action: str, delay: float | None = None) -> DecisionEvent:
+    decision = Decision(action=action, attempt=1, entry=ENTRY, delay=delay,  # type: ignore[arg-type]
+                        reason="test")
+    return DecisionEvent("dramatiq", job, "t", "q", 3, decision)
+
+
+def test_statistics_count_in_memory_and_flush_in_one_go(
+        stats: tuple[DecisionStats, StatsReader]) -> None:
+    recorder, reader = stats
+    for n in range(3):
+        recorder(_event(f"j{n}", "retry", delay=60.0))
+    recorder(_event("j0", "dead_letter"))
+    assert recorder.pending() == 4  # nothing written yet: no I/O on the job's path
+    recorder.flush()
+    assert recorder.pending() == 0
+    rows = summarize(*read(reader, "dramatiq"))
+    assert [(r.task, r.hour.retries, r.day.dead_lettered) for r in rows] == [("t", 3, 1)]
+    assert rows[0].top_errors == [("net.<b>Down</b>", 4)]
+    total, waiting = reader.waiting("dramatiq", offset=0, count=10)
+    assert total == 2 and {w[0] for w in waiting} == {"j1", "j2"}  # j0 was dead-lettered
+    assert reader.waiting("dramatiq", offset=0, count=10, task="other*")[0] == 0
+    assert reader.waiting("celery", offset=0, count=10)[0] == 0
+    assert time.time() < waiting[0][1] <= time.time() + 61
+
+
+def test_the_dead_letter_hook_is_called_with_no_arguments_dramatiq() -> None:
+    import dramatiq
+    from dramatiq.brokers.stub import StubBroker
+
+    from dramatiq_ext import OjsRetries
+
+    seen: list[DeadLetterEvent] = []
+    hook = on_dead_letter(seen.append)
+    broker = StubBroker()
+    broker.add_middleware(OjsRetries())
+    try:
+        def job(card: str) -> None:
+            raise RuntimeError("declined")
+
+        actor = dramatiq.actor(job, broker=broker, actor_name="hooked",
+                               retry_policy={"max_attempts": 1, "on_exhaustion": "dead_letter"})
+        message = actor.send("4111-secret")
+        worker = dramatiq.Worker(broker, worker_timeout=50)
+        worker.start()
+        broker.join(actor.queue_name, fail_fast=False)
+        worker.join()
+        worker.stop()
+    finally:
+        remove_dead_letter_hook(hook)
+    assert len(seen) == 1
+    event = seen[0]
+    assert (event.framework, event.letter.id, event.dead_letter_queue) == (
+        "dramatiq", message.message_id, "default.XQ")
+    assert event.letter.error_type == "RuntimeError" and event.letter.payload == {}
+    assert "4111" not in repr(event)
