@@ -96,6 +96,7 @@ from ojs_adapters import (
 from ojs_adapters.backend_retry import count_failure
 from ojs_adapters.claims import Begun, record_of
 from ojs_adapters.errors import OjsBackendError
+from ojs_adapters.failure import requested_retry
 from ojs_adapters.handoff import Claim, attempt_id, error_headers, handed_off, judge_delivery
 from ojs_adapters.leases import WAIT_SECONDS, Heartbeat, lease, lease_ms, release
 
@@ -514,12 +515,7 @@ def _header_policy(task: Any, state: HeaderState) -> RetryPolicy:
 
 def _requested_failure(request: RetryRequested) -> Failure:
     """``self.retry(exc=..., countdown=...)``: a RETRY failure; ``countdown`` a minimum delay."""
-    failure = describe_failure(request.exc or RuntimeError("retry requested by the handler"))
-    retry_after = failure.retry_after
-    if request.countdown is not None:
-        retry_after = max(retry_after or 0.0, float(request.countdown))
-    return failure._replace(handler_code=failure.handler_code or "RETRY",
-                            retry_after=retry_after)
+    return requested_retry(request.exc, request.countdown)
 
 
 def _lost_failure(record: JobRecord, attempt: int) -> Failure:

@@ -157,6 +157,7 @@ from ojs_adapters.backend_retry import BackendRetry, count_failure
 from ojs_adapters.budget import AnyRetryBudget
 from ojs_adapters.claims import Begun, record_of
 from ojs_adapters.errors import OjsBackendError
+from ojs_adapters.failure import requested_retry
 from ojs_adapters.handoff import Claim, attempt_id, error_headers, handed_off, judge_delivery
 from ojs_adapters.history import utc_now
 from ojs_adapters.keys import read_idempotency_key
@@ -471,6 +472,9 @@ class OjsRetries(Middleware):
             last = state.errors[-1]
             message.stuff_exception(DeadLettered(f"{last.code} {last.type}: {last.message}"))
         if state.dead_letter and message.failed:
+            self.logger.info("Message %r dead-lettered to %r after attempt %d.",
+                             message.message_id, f"{q_name(message.queue_name)}.XQ",
+                             state.attempt)
             dead_lettered(message, state)  # the on_dead_letter hooks (ojs_adapters.alerts)
 
     # -- executing a decision -----------------------------------------------------------
@@ -813,7 +817,13 @@ def _failure_of(exception: BaseException) -> Failure:
     """What ``decide`` needs to know about an exception a Dramatiq actor raised."""
     if isinstance(exception, TimeLimitExceeded):
         return describe_failure(exception, catalog_code="HANDLER_TIMEOUT")
-    failure = describe_failure(exception)
-    if isinstance(exception, Retry) and exception.delay is not None:
-        failure = failure._replace(retry_after=exception.delay / 1000)  # ms -> s
-    return failure
+    if isinstance(exception, Retry):
+        # The handler asks for a retry, as Celery's ``self.retry(exc=...)``: the failure is
+        # what it was handling (``raise Retry(...) from exc``, or raised in ``except``),
+        # with handler code RETRY and its delay (ms) as a floor (``requested_retry``).
+        cause = exception.__cause__
+        if cause is None and not exception.__suppress_context__:
+            cause = exception.__context__
+        delay = exception.delay / 1000 if exception.delay is not None else None
+        return requested_retry(None if isinstance(cause, Retry) else cause, delay)
+    return describe_failure(exception)

@@ -224,3 +224,34 @@ def test_record_is_readable_during_the_job(env: Env) -> None:
     record = env.wait_record(message.message_id)
     assert seen == [("active", 1), ("active", 2)]
     assert record.state == "completed"
+
+
+def test_ret08_handler_retry_records_its_cause_with_code_retry(env: Env) -> None:
+    """``raise Retry(delay=...)`` from an ``except`` block is recorded as Celery records
+    ``self.retry(exc=..., countdown=...)``: the type of the error it handled, handler code
+    RETRY, and its delay as a floor on the countdown (``ojs_adapters.requested_retry``)."""
+    from dramatiq.errors import Retry
+
+    calls: list[float] = []
+
+    def job() -> str:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            try:
+                raise ValueError("asked to retry")
+            except ValueError as error:
+                raise Retry(delay=300) from error
+        if len(calls) == 2:
+            raise Retry(delay=50)  # no error at hand: as Celery's bare self.retry()
+        return "ok"
+
+    actor = env.actor(job, retry_policy={**FAST, "max_attempts": 3})
+    env.start()
+    message = actor.send()
+    record = env.wait_record(message.message_id)
+    assert record.state == "completed"
+    assert [(e.type, e.handler_code, e.message) for e in record.errors] == [
+        ("ValueError", "RETRY", "asked to retry"),
+        ("RuntimeError", "RETRY", "retry requested by the handler")]
+    assert record.extra["countdowns"][0] == 0.3  # the handler's 300 ms over the policy's 50
+    assert calls[1] - calls[0] >= 0.3
