@@ -100,6 +100,17 @@ def warn_eager_once(task_name: str) -> None:
                    "ojs_retries) to apply the policy in place without waiting", task_name)
 
 
+def warn_not_eager_once(task_name: str) -> None:
+    """Log, once per task, that ``instant_retries()`` saw a send to a real broker."""
+    key = f"not-eager:{task_name}"
+    if key in EAGER_WARNED:
+        return
+    EAGER_WARNED.add(key)
+    logger.warning("ojs-adapters: %s was sent to the broker inside instant_retries(), which "
+                   "records eager runs only: set task_always_eager = True (and a result "
+                   "backend such as cache+memory://) in your test settings", task_name)
+
+
 def _plain_tasks_with_ojs_options(app: Any, ojs_task: type) -> list[tuple[Any, list[str]]]:
     """Tasks that set OjsTask options without being OjsTasks (the options do nothing)."""
     found = []

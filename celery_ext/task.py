@@ -43,7 +43,7 @@ from typing import Any, ClassVar, TypedDict
 from celery import Task
 
 from celery_ext._attempt import CONTEXT_ATTRIBUTE, RetryRequested, job_context, run_attempt
-from celery_ext._checks import warn_eager_once
+from celery_ext._checks import warn_eager_once, warn_not_eager_once
 from celery_ext._eager import run_eager
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._parking import install as install_parking
@@ -178,6 +178,8 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
                     code="INVALID_ARGS",
                     details={"field": "publish_retry_policy", "rule": "one publish policy"})
             publish_retry_policy, retry_policy = retry_policy, None
+        if instant_retries_active() and not self.app.conf.task_always_eager:
+            warn_not_eager_once(self.name)
         policy = self.policy(retry_policy)  # validates the task and app layers too
         headers = dict(options.get("headers") or {})
         state = HeaderState.from_headers(headers)

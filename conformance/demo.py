@@ -260,7 +260,8 @@ def command(broker: str, log_file: Path | None) -> None:
     console.print(f"[bold]ojs-adapters demo[/]: {len(DEMO_JOBS)} jobs, "
                   "each on Celery and on Dramatiq.", highlight=False)
     where = "memory (embedded)" if broker in MEMORY_ALIASES else broker_label(broker)
-    console.print(f"Broker: {where}. Same OJS retry policy on both.", highlight=False)
+    console.print(f"Broker: {where}. Each job has the same policy on both frameworks.",
+                  highlight=False)
     console.print()
     started = time.monotonic()
     try:

@@ -157,3 +157,12 @@ def test_dramatiq_quickstart_on_rabbitmq_without_redis(tmp_path: Path, amqp_url:
     assert dead["body"]["actor_name"] == "charge"  # type: ignore[index]
     notices = [line for line in worker.lines if "kept in this process only" in line]
     assert len(notices) >= 1 and "RedisRecordStore" in notices[0], worker.output
+
+
+def test_testing_snippet_as_written(tmp_path: Path) -> None:
+    """The README's ``instant_retries()`` snippet, on the Celery quick start's app, with only
+    ``[celery-redis]`` importable: the policy's attempts and countdowns, no broker."""
+    (tmp_path / "app.py").write_text(readme_block("quickstart-celery-app"))
+    snippet = readme_block("testing-snippet")
+    out = run_script(tmp_path, snippet, "celery-redis").splitlines()
+    assert out[0] == _expected_output(snippet)
