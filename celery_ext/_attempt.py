@@ -464,6 +464,10 @@ class _Run:
         ``last``: the delivery's outcome, which gives up its lease in the same round trip.
         """
         release = (self.claim_key(), self.holder) if last and self.holder else None
+        if release is not None:
+            # Renewals stop first: a beat between the save's release and the end of the
+            # delivery would take the released lease again (renewing creates a missing one).
+            LEASES.drop(self.holder)
         try:
             if with_retry(self.task.app,
                           lambda: self.store.save(record, force=force, release=release),

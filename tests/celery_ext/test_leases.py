@@ -3,12 +3,17 @@ result backend: one holder at a time, renewable by its holder, released only by 
 
 from __future__ import annotations
 
+import time
 import uuid
 
+import pytest
 from celery import Celery
 
-from celery_ext.records import RecordStore
-from ojs_adapters.leases import Heartbeat, lease, release
+from celery_ext import JobDiscarded
+from celery_ext.records import LEASE_SUFFIX, RecordStore
+from ojs_adapters import DecisionEvent, add_hook, remove_hook
+from ojs_adapters.leases import BEAT_SECONDS, Heartbeat, lease, release
+from tests.celery_ext.conftest import Env
 
 BEAT = Heartbeat()
 
@@ -35,3 +40,28 @@ def test_backends_other_than_redis_keep_no_leases() -> None:
     store = RecordStore(app.backend)
     assert lease(store, "job:1", "copy|a", 5000) is None
     release(BEAT, store, "job:1", "copy|a")  # a no-op, no error
+
+
+def test_the_lease_stays_released_while_hooks_run_after_the_outcome(env: Env) -> None:
+    """The outcome's save releases the lease (one round trip); renewals stop before it, so
+    a heartbeat beat during the decision hooks that follow cannot take the lease again (a
+    redelivery would then wait for a live-looking lease for up to 6 s)."""
+    backend = env.app.backend
+    if not RecordStore(backend).leases:
+        pytest.skip(f"the {env.name} setup keeps no leases")
+
+    def slow_hook(event: DecisionEvent) -> None:
+        if event.decision.action != "retry":
+            time.sleep(BEAT_SECONDS * 1.3)  # at least one beat of the lease heartbeat
+
+    add_hook(slow_hook)
+    try:
+        result = env.tasks["scripted"].apply_async(
+            (["raise:value"],), queue=env.take_queue(), retry_policy={"max_attempts": 1})
+        with pytest.raises(JobDiscarded):
+            result.get(timeout=30)
+    finally:
+        remove_hook(slow_hook)
+    time.sleep(BEAT_SECONDS * 1.5)
+    lease_key = backend.get_key_for_task(f"{result.id}:1", key=LEASE_SUFFIX)
+    assert backend.client.get(lease_key) is None
