@@ -281,7 +281,9 @@ class OjsRetries(Middleware):
         self.default_policy = policy_option(default_policy, base=RetryPolicy(),
                                             where="default_policy")
         #: ``on_exhaustion`` as ``default_policy`` states it (it overrides native parity).
-        self._default_exhaustion: str | None = default_policy.get("on_exhaustion") \
+        # A ``RetryPolicy`` object states every field, ``on_exhaustion`` included.
+        self._default_exhaustion: str | None = default_policy.on_exhaustion \
+            if isinstance(default_policy, RetryPolicy) else default_policy.get("on_exhaustion") \
             if isinstance(default_policy, Mapping) else None
         self.jitter_source: JitterSource = jitter_source or random.random
         self.history_limit = max(history_limit, MIN_HISTORY)

@@ -21,6 +21,7 @@ from dramatiq.common import q_name
 from dramatiq.middleware import Retries
 
 from dramatiq_ext import OjsRetries
+from ojs_adapters import RetryPolicy
 from tests.dramatiq_ext.harness import (
     Env,
     SentLog,
@@ -124,10 +125,15 @@ def test_an_ojs_on_exhaustion_wins_and_is_said_once_at_declaration(
     assert len(_conflicts(caplog)) == 1  # at declaration only, never per message
 
 
+@pytest.mark.parametrize("default", [{"on_exhaustion": "discard"},
+                                     RetryPolicy.from_dict({"on_exhaustion": "discard"})],
+                         ids=["mapping", "RetryPolicy"])
 def test_a_default_policy_on_exhaustion_wins_over_native_parity(
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, default: Any) -> None:
+    """Given as a mapping or as a ``RetryPolicy`` (which states every field), the default
+    policy's ``on_exhaustion`` is the user's word over native parity, and is said once."""
     broker = StubBroker(middleware=dramatiq_defaults())
-    broker.add_middleware(OjsRetries(default_policy={"on_exhaustion": "discard"}))
+    broker.add_middleware(OjsRetries(default_policy=default))
     with caplog.at_level(logging.WARNING, logger="dramatiq_ext"):
         plain = dramatiq.actor(lambda: None, actor_name="plain", broker=broker)
         native = dramatiq.actor(lambda: None, actor_name="native", broker=broker, throws=Fatal)
