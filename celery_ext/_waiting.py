@@ -35,10 +35,9 @@ from ojs_adapters.browse import (
     decided_source,
 )
 from ojs_adapters.history import utc_now
+from ojs_adapters.runtime.parked_scan import ParkedSetScan
 from ojs_adapters.stats import StatsReader
 
-#: Members read per round trip while filtering the parked set.
-CHUNK = 1000
 #: Record ``end_reason`` of a retry an operator discarded.
 DISCARDED_BY_OPERATOR = "discarded by an operator"
 #: Number of RabbitMQ delay levels (``kombu.transport.native_delayed_delivery``).
@@ -58,7 +57,7 @@ return moved
 """
 
 
-class CeleryRetryView:
+class CeleryRetryView(ParkedSetScan):
     """``RetryView`` of a Celery app (see the module docstring)."""
 
     def __init__(self, app: Any, *, redis: Any = None, prefix: str = "",
@@ -173,29 +172,6 @@ class CeleryRetryView:
             updated_at=utc_now().isoformat(timespec="milliseconds")[:-6] + "Z",
             extra={**record.extra, "end_reason": DISCARDED_BY_OPERATOR}), force=True)
 
-    def _members(self, ids: Sequence[str]) -> Iterator[tuple[bytes, float]]:
-        """The parked members of jobs ``ids`` (found by the server: ``ZSCAN MATCH``)."""
-        assert self.redis is not None
-        for job_id in dict.fromkeys(ids):
-            pattern = f"*{_glob_escape(job_id)}*"
-            for member, score in self.redis.zscan_iter(self.parked_key, match=pattern,
-                                                       count=1000):
-                if self._parked(member, score).id == job_id:
-                    yield member, score
-
-    def _scan(self, needles: list[bytes]) -> Iterator[tuple[bytes, float]]:
-        """Every parked member containing all ``needles``, soonest first, a chunk at a time."""
-        assert self.redis is not None
-        start = 0
-        while True:
-            pairs = self.redis.zrange(self.parked_key, start, start + CHUNK - 1, withscores=True)
-            for member, score in pairs:
-                if all(n in member for n in needles):
-                    yield member, score
-            if len(pairs) < CHUNK:
-                return
-            start += CHUNK
-
     def _matches(self, member: bytes, filters: WaitingFilter) -> bool:
         key, payload = _split(member)
         queue = key[len(self.prefix):].split("\x06\x16")[0]
@@ -262,10 +238,6 @@ def _needles(filters: WaitingFilter, prefix: str) -> list[bytes]:
     if filters.task and not any(c in filters.task for c in "*?["):
         out.append(json.dumps(filters.task).encode())
     return out
-
-
-def _glob_escape(text: str) -> str:
-    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
 def _close(channel: Any) -> None:

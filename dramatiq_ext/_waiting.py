@@ -40,10 +40,9 @@ from ojs_adapters.browse import (
 )
 from ojs_adapters.delay_levels import BITS
 from ojs_adapters.history import JobRecord, iso_utc, utc_now
+from ojs_adapters.runtime.parked_scan import ParkedSetScan
 from ojs_adapters.stats import StatsReader
 
-#: Members read per round trip while filtering the parked set.
-CHUNK = 1000
 #: The actor name in an encoded message (Dramatiq's JSON: a plain name, no escapes).
 _ACTOR = re.compile(r'"actor_name":\s*"([^"\\]*)"')
 #: Record ``end_reason`` of a retry an operator discarded.
@@ -66,7 +65,7 @@ return moved
 """
 
 
-class DramatiqRetryView:
+class DramatiqRetryView(ParkedSetScan):
     """``RetryView`` of a Dramatiq broker (see the module docstring)."""
 
     def __init__(self, broker: Any, queues: Sequence[str], records: Any, *,
@@ -196,28 +195,6 @@ class DramatiqRetryView:
                          updated_at=iso_utc(utc_now()),
                          extra={**record.extra, "end_reason": DISCARDED_BY_OPERATOR})
         self.records.save(job_id, record.to_dict())
-
-    def _members(self, ids: Sequence[str]) -> Iterator[tuple[bytes, float]]:
-        """The parked members of messages ``ids`` (found by the server: ``ZSCAN MATCH``)."""
-        assert self.redis is not None
-        for job_id in dict.fromkeys(ids):
-            pattern = "*" + "".join(f"\\{c}" if c in "*?[]\\" else c for c in job_id) + "*"
-            for member, score in self.redis.zscan_iter(self.parked_key, match=pattern,
-                                                       count=1000):
-                if self._parked(member, score).id == job_id:
-                    yield member, score
-
-    def _scan(self, needles: list[bytes]) -> Iterator[tuple[bytes, float]]:
-        assert self.redis is not None
-        start = 0
-        while True:
-            pairs = self.redis.zrange(self.parked_key, start, start + CHUNK - 1, withscores=True)
-            for member, score in pairs:
-                if all(n in member for n in needles):
-                    yield member, score
-            if len(pairs) < CHUNK:
-                return
-            start += CHUNK
 
     def _matches(self, member: bytes, filters: WaitingFilter) -> bool:
         queue, _redis_id, data = json.loads(member)

@@ -1,0 +1,1 @@
+"""What both adapters share at run time (DESIGN.md "Layers"): imports the core only."""
