@@ -13,6 +13,8 @@ the rebuilt exception has its ``record`` again, whatever the serializer.
 >>> exc = JobDiscarded("app.pay[t1] discarded", rec.to_dict())
 >>> (exc.record.outcome, exc.outcome, type(exc)(*exc.args).record.id)
 ('discarded', 'discarded', 't1')
+>>> exc
+JobDiscarded('app.pay[t1] discarded')
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ class JobDiscarded(Exception):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+    def __repr__(self) -> str:
+        # Celery's worker log shows ``repr(exc)`` ("raised expected: ..."): the sentence,
+        # not the whole record held in ``args`` (it reaches the result backend as ever).
+        return f"{type(self).__name__}({self.args[0]!r})"
 
 
 class JobDeadLettered(JobDiscarded):
