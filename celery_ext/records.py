@@ -34,6 +34,7 @@ from ojs_adapters import JobRecord
 from ojs_adapters.claims import Begun, begin_on_redis, claim_of
 from ojs_adapters.handoff import ORDERED_SAVE_LUA, Claim, record_rank
 from ojs_adapters.leases import LEASE_LUA, RELEASE_LUA
+from ojs_adapters.runtime.group_commit import run_script
 
 #: Suffix of the record's key (key-value backends) or pseudo task id (others).
 RECORD_SUFFIX = ".ojs"
@@ -66,9 +67,6 @@ class RecordStore:
         self._key_value = isinstance(backend, BaseKeyValueStoreBackend)
         #: Leases, attempt claims and ordered saves need Redis scripts; others only store.
         self.leases = self.enabled and _is_redis(backend)
-        self._ordered: Any = None  # the ordered save script, registered on first use
-        self._lease: Any = None  # the lease scripts, likewise
-        self._release: Any = None
 
     def load(self, task_id: str) -> JobRecord | None:
         """The stored record, or ``None``."""
@@ -114,15 +112,13 @@ class RecordStore:
         if force:
             client.set(key, record.to_json(), ex=expires or None)
             return
-        if self._ordered is None:
-            self._ordered = client.register_script(ORDERED_SAVE_LUA)
         data = record.to_dict()
         keys, args = [key], [json.dumps(data, separators=(",", ":")), *record_rank(data),
                              int((expires or 0) * 1000), "string"]
         if release is not None:
             keys.append(self.backend.get_key_for_task(release[0], key=LEASE_SUFFIX))
             args.append(release[1])
-        self._ordered(keys=keys, args=args)
+        run_script(client, ORDERED_SAVE_LUA, keys, args)
 
     def claim(self, key: str, token: str) -> Claim:
         """Claim attempt ``key`` for the copy ``token`` (``ojs_adapters.handoff.Claim``).
@@ -168,19 +164,16 @@ class RecordStore:
         client = self._redis_client()
         if client is None:
             return None
-        if self._lease is None:
-            self._lease = client.register_script(LEASE_LUA)
         name = self.backend.get_key_for_task(key, key=LEASE_SUFFIX)
-        return bool(self._lease(keys=[name], args=[holder, ttl]))
+        return bool(run_script(client, LEASE_LUA, [name], [holder, ttl]))
 
     def release_lease(self, key: str, holder: str) -> None:
         """Drop the lease on attempt ``key`` if ``holder`` still holds it (Redis backend)."""
         client = self._redis_client()
         if client is None:
             return
-        if self._release is None:
-            self._release = client.register_script(RELEASE_LUA)
-        self._release(keys=[self.backend.get_key_for_task(key, key=LEASE_SUFFIX)], args=[holder])
+        run_script(client, RELEASE_LUA, [self.backend.get_key_for_task(key, key=LEASE_SUFFIX)],
+                   [holder])
 
     def _redis_client(self) -> Any | None:
         """The Redis client of a storing Redis backend (claims, leases, ``begin``), else

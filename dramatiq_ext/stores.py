@@ -48,6 +48,7 @@ from typing import Any, NamedTuple, Protocol, cast
 from ojs_adapters.claims import Begun, begin_on_redis, claim_of
 from ojs_adapters.handoff import ORDERED_SAVE_LUA, Claim, is_newer, record_rank
 from ojs_adapters.leases import LEASE_LUA
+from ojs_adapters.runtime.group_commit import run_script
 
 #: How long a record is kept, in milliseconds (Dramatiq's dead-message TTL).
 DEFAULT_RECORD_TTL = 7 * 86_400_000
@@ -90,23 +91,18 @@ def saves_in_order(store: Any) -> bool:
 
 
 class _RedisScripts:
-    """The ordered save and the lease on one Redis client, registered on first use."""
+    """The ordered save and the lease on one Redis client (``group_commit``)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self._save: Any = None
-        self._lease: Any = None
 
     def save(self, key: str, value: str | bytes, record: Mapping[str, Any], ttl: int,
              layout: str) -> None:
-        if self._save is None:
-            self._save = self.client.register_script(ORDERED_SAVE_LUA)
-        self._save(keys=[key], args=[value, *record_rank(record), ttl, layout])
+        run_script(self.client, ORDERED_SAVE_LUA, [key],
+                   [value, *record_rank(record), ttl, layout])
 
     def lease(self, key: str, holder: str, ttl: int) -> bool:
-        if self._lease is None:
-            self._lease = self.client.register_script(LEASE_LUA)
-        return bool(self._lease(keys=[key], args=[holder, ttl]))
+        return bool(run_script(self.client, LEASE_LUA, [key], [holder, ttl]))
 
 
 def _redis_claim(client: Any, key: str, token: str, ttl: int) -> Claim:

@@ -15,12 +15,12 @@ value relates to this delivery's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any, NamedTuple
 
 from ojs_adapters.handoff import Claim
 from ojs_adapters.history import JobRecord
+from ojs_adapters.runtime.group_commit import run_script
 
 # KEYS[1] claim, KEYS[2] record, KEYS[3] (optional) the attempt's lease. ARGV[1] token,
 # ARGV[2] claim TTL (ms), ARGV[3] the record to write if this claim is new and the attempt
@@ -104,17 +104,12 @@ def begin_on_redis(client: Any, *, claim_key: str, record_key: str, token: str,
     With ``lease_key``, the attempt's lease is taken for ``token`` first, in the same
     round trip (``ojs_adapters.leases``): a delivery's whole admission is one call.
     """
-    script = getattr(client, "_ojs_begin_script", None)
-    if script is None:
-        script = client.register_script(_BEGIN)
-        with contextlib.suppress(AttributeError):  # else registered again on each call
-            client._ojs_begin_script = script
     keys, args = [claim_key, record_key], [token, claim_ttl_ms, started or "",
                                            record_ttl_ms or "", "" if attempt is None else attempt]
     if lease_key is not None:
         keys.append(lease_key)
         args.extend([token, lease_ttl_ms])
-    claimed, held, record, wrote, leased = script(keys=keys, args=args)
+    claimed, held, record, wrote, leased = run_script(client, _BEGIN, keys, args)
     lease = None if lease_key is None else bool(leased)
     if lease is False:
         return Begun("other", None, False, False)

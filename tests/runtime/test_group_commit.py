@@ -1,0 +1,140 @@
+"""Group commit on a real Redis: every thread gets its own reply, in fewer round trips."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from ojs_adapters.runtime.group_commit import group_of, run_script
+
+#: Appends ARGV[1] to the list KEYS[1] and returns the list's new length.
+_PUSH = "return redis.call('RPUSH', KEYS[1], ARGV[1])"
+
+
+@pytest.fixture
+def client(redis_url: str) -> Any:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def key(client: Any) -> Any:
+    name = f"ojs-test-gc-{uuid.uuid4().hex}"
+    yield name
+    client.delete(name)
+
+
+class _Gated:
+    """A real client whose first ``evalsha`` waits for ``gate``: calls queue up meanwhile."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.connection_pool = client.connection_pool
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.pipelines: list[int] = []
+
+    def evalsha(self, *args: Any) -> Any:
+        self.entered.set()
+        self.gate.wait(10)
+        return self.client.evalsha(*args)
+
+    def script_load(self, lua: str) -> Any:
+        return self.client.script_load(lua)
+
+    def pipeline(self, transaction: bool = True) -> Any:
+        pipe = self.client.pipeline(transaction=transaction)
+        execute = pipe.execute
+
+        def counted(raise_on_error: bool = True) -> Any:
+            self.pipelines.append(len(pipe.command_stack))
+            return execute(raise_on_error=raise_on_error)
+
+        pipe.execute = counted
+        return pipe
+
+
+def _wait_queued(client: Any, calls: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(group_of(client)._queue) < calls:
+        assert time.monotonic() < deadline, "calls did not queue behind the leader"
+        time.sleep(0.01)
+
+
+def test_overlapping_calls_share_one_pipeline_and_each_gets_its_own_reply(
+        client: Any, key: str) -> None:
+    gated = _Gated(client)
+    replies: dict[int, Any] = {}
+
+    def call(n: int) -> None:
+        replies[n] = run_script(gated, _PUSH, [key], [n])
+
+    first = threading.Thread(target=call, args=(0,))
+    first.start()
+    assert gated.entered.wait(5)  # the leader is on the wire; the others queue behind it
+    others = [threading.Thread(target=call, args=(n,)) for n in range(1, 9)]
+    for thread in others:
+        thread.start()
+    _wait_queued(gated, 8)  # behind the leader's flush
+    gated.gate.set()
+    for thread in (first, *others):
+        thread.join(10)
+    assert gated.pipelines == [8]  # one round trip for the eight that overlapped
+    pushed = [int(x) for x in client.lrange(key, 0, -1)]
+    assert sorted(pushed) == list(range(9))
+    # each caller got the length the list had right after its own push
+    assert all(replies[n] == pushed.index(n) + 1 for n in range(9))
+
+
+def test_a_script_redis_has_not_seen_is_loaded_and_sent_again(client: Any, key: str) -> None:
+    fresh = f"-- {uuid.uuid4().hex}\n{_PUSH}"  # never loaded: EVALSHA answers NOSCRIPT
+    assert run_script(client, fresh, [key], ["a"]) == 1
+    assert run_script(client, fresh, [key], ["b"]) == 2
+
+
+def test_an_error_reaches_only_the_call_that_caused_it(client: Any, key: str) -> None:
+    gated = _Gated(client)
+    client.set(key + ":str", "x")
+    outcomes: dict[str, Any] = {}
+
+    def call(name: str, target: str) -> None:
+        try:
+            outcomes[name] = run_script(gated, _PUSH, [target], [name])
+        except Exception as error:
+            outcomes[name] = error
+
+    first = threading.Thread(target=call, args=("lead", key))
+    first.start()
+    assert gated.entered.wait(5)
+    wrong = threading.Thread(target=call, args=("wrong", key + ":str"))  # WRONGTYPE
+    right = threading.Thread(target=call, args=("right", key))
+    wrong.start()
+    right.start()
+    _wait_queued(gated, 2)
+    gated.gate.set()
+    for thread in (first, wrong, right):
+        thread.join(10)
+    client.delete(key + ":str")
+    assert outcomes["lead"] == 1 and outcomes["right"] == 2
+    assert "WRONGTYPE" in str(outcomes["wrong"])
+
+
+def test_threads_hammering_one_key_lose_no_call(client: Any, key: str) -> None:
+    def worker(n: int) -> None:
+        for i in range(200):
+            run_script(client, _PUSH, [key], [f"{n}-{i}"])
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert client.llen(key) == 1200
+    assert not group_of(client)._busy and not group_of(client)._queue
