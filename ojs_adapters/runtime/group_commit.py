@@ -25,15 +25,18 @@ MAX_BATCH = 64
 class _Call:
     """One queued script call and, once flushed, its reply or error."""
 
-    __slots__ = ("args", "client", "done", "error", "keys", "lua", "reply", "sha", "woken")
+    __slots__ = ("args", "client", "done", "error", "gate", "keys", "lua", "reply")
 
     def __init__(self, client: Any, lua: str, keys: Sequence[Any], args: Sequence[Any]) -> None:
         self.client, self.lua, self.keys, self.args = client, lua, keys, args
-        self.sha = _sha(lua)
         self.reply: Any = None
         self.error: BaseException | None = None
         self.done = False
-        self.woken = threading.Event()  # set when done, or when this call's thread leads
+        self.gate = threading.Lock()  # held until this call is done, or its thread leads
+        self.gate.acquire()
+
+    def wake(self) -> None:
+        self.gate.release()
 
     def outcome(self) -> Any:
         if self.error is not None:
@@ -52,20 +55,34 @@ class GroupCommit:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._queue: list[_Call] = []
-        self._busy = False  # a thread is flushing (it will hand the lead on)
+        self._busy = False  # a thread is on the wire (it will hand the lead on)
 
     def run(self, client: Any, lua: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run the Lua script ``lua`` on ``keys`` and ``args``; its reply, or its error."""
-        call = _Call(client, lua, keys, args)
         with self._lock:
-            self._queue.append(call)
-            lead = not self._busy
-            self._busy = True
-        if not lead:
-            call.woken.wait()
-        if not call.done:  # this thread leads the next flush (its call is in it)
+            alone = not self._busy
+            if alone:
+                self._busy = True
+            else:
+                call = _Call(client, lua, keys, args)
+                self._queue.append(call)
+        if alone:  # nothing in flight: straight out, as without group commit
+            try:
+                return _evalsha(client, lua, keys, args)
+            finally:
+                self._hand_on()
+        call.gate.acquire()  # woken when done, or to lead the next flush
+        if not call.done:
             self._lead()
         return call.outcome()
+
+    def _hand_on(self) -> None:
+        """Wake the first queued call to lead the next flush, or go idle."""
+        with self._lock:
+            if self._queue:
+                self._queue[0].wake()
+            else:
+                self._busy = False
 
     def _lead(self) -> None:
         with self._lock:
@@ -75,22 +92,18 @@ class GroupCommit:
         finally:
             for call in batch:
                 call.done = True
-                call.woken.set()
-            with self._lock:
-                if self._queue:
-                    self._queue[0].woken.set()  # not done: it leads the next flush
-                else:
-                    self._busy = False
+                call.wake()
+            self._hand_on()
 
     def _flush(self, batch: list[_Call]) -> None:
         try:
             if len(batch) == 1:
                 call = batch[0]
-                call.reply = self._one(call)
+                call.reply = _evalsha(call.client, call.lua, call.keys, call.args)
                 return
             pipe = batch[0].client.pipeline(transaction=False)
             for call in batch:
-                pipe.evalsha(call.sha, len(call.keys), *call.keys, *call.args)
+                pipe.evalsha(_sha(call.lua), len(call.keys), *call.keys, *call.args)
             replies = pipe.execute(raise_on_error=False)
         except BaseException as error:  # every caller sees it and retries as it would alone
             for call in batch:
@@ -99,7 +112,7 @@ class GroupCommit:
         for call, reply in zip(batch, replies, strict=True):
             if _no_script(reply):  # Redis lost its script cache: load it, send again
                 try:
-                    call.reply = self._one(call)
+                    call.reply = _evalsha(call.client, call.lua, call.keys, call.args)
                 except BaseException as error:
                     call.error = error
             elif isinstance(reply, BaseException):
@@ -107,16 +120,17 @@ class GroupCommit:
             else:
                 call.reply = reply
 
-    @staticmethod
-    def _one(call: _Call) -> Any:
-        client = call.client
-        try:
-            return client.evalsha(call.sha, len(call.keys), *call.keys, *call.args)
-        except Exception as error:
-            if not _no_script(error):
-                raise
-        client.script_load(call.lua)
-        return client.evalsha(call.sha, len(call.keys), *call.keys, *call.args)
+
+def _evalsha(client: Any, lua: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    """``EVALSHA``, loading the script first if Redis does not know it (NOSCRIPT)."""
+    sha = _sha(lua)
+    try:
+        return client.evalsha(sha, len(keys), *keys, *args)
+    except Exception as error:
+        if not _no_script(error):
+            raise
+    client.script_load(lua)
+    return client.evalsha(sha, len(keys), *keys, *args)
 
 
 #: One ``GroupCommit`` per connection settings and process (a forked child starts its own).
