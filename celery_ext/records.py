@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from celery.backends.base import BaseKeyValueStoreBackend, DisabledBackend
 from celery.backends.rpc import RPCBackend
 
+from celery_ext._result_ride import attach
 from ojs_adapters import JobRecord
 from ojs_adapters.claims import Begun, begin_on_redis, claim_of
 from ojs_adapters.handoff import ORDERED_SAVE_LUA, Claim, record_rank
@@ -112,13 +114,30 @@ class RecordStore:
         if force:
             client.set(key, record.to_json(), ex=expires or None)
             return
+        run_script(client, ORDERED_SAVE_LUA, *self._save_call(key, record, release))
+
+    def _save_call(self, key: str, record: JobRecord,
+                   release: tuple[str, str] | None) -> tuple[list[Any], list[Any]]:
+        """The keys and arguments of ``ORDERED_SAVE_LUA`` saving ``record`` (and releasing)."""
         data = record.to_dict()
-        keys, args = [key], [json.dumps(data, separators=(",", ":")), *record_rank(data),
-                             int((expires or 0) * 1000), "string"]
+        keys: list[Any] = [key]
+        args: list[Any] = [json.dumps(data, separators=(",", ":")), *record_rank(data),
+                           int((self.backend.expires or 0) * 1000), "string"]
         if release is not None:
             keys.append(self.backend.get_key_for_task(release[0], key=LEASE_SUFFIX))
             args.append(release[1])
-        run_script(client, ORDERED_SAVE_LUA, keys, args)
+        return keys, args
+
+    def save_with_result(self, record: JobRecord, release: tuple[str, str] | None,
+                         save: Callable[[], None]) -> bool:
+        """Let this save ride in the transaction of Celery's next result write of the
+        task (``_result_ride``); ``save`` is how to do it alone if that write does not
+        come. ``False``: it cannot ride here (not the Redis backend): save it now."""
+        if not self.leases:
+            return False
+        key = self.backend.get_key_for_task(record.id, key=RECORD_SUFFIX)
+        keys, args = self._save_call(key, record, release)
+        return attach(self.backend, record.id, ORDERED_SAVE_LUA, keys, args, save)
 
     def claim(self, key: str, token: str) -> Claim:
         """Claim attempt ``key`` for the copy ``token`` (``ojs_adapters.handoff.Claim``).

@@ -55,8 +55,8 @@ DEAD_LETTER_SUCCESSOR = "dead_letter"
 #: value that is not a JSON object is replaced. Returns 1 if written, 0 if kept. With
 #: KEYS[2] (an attempt's lease) and ARGV[6] (its holder), the lease is released too, if
 #: that holder still holds it: the outcome and the release in one round trip (``leases``).
-ORDERED_SAVE_LUA = """
-if #KEYS > 1 and redis.call("GET", KEYS[2]) == ARGV[6] then redis.call("DEL", KEYS[2]) end
+#: ``ORDERED_SAVE_BODY`` is the save alone (KEYS[1], ARGV[1..5]), for scripts that add to it.
+ORDERED_SAVE_BODY = """
 local list = ARGV[5] == "list"
 local held
 if list then held = redis.call("LINDEX", KEYS[1], 0) else held = redis.call("GET", KEYS[1]) end
@@ -83,6 +83,9 @@ else
 end
 return 1
 """
+ORDERED_SAVE_LUA = """
+if #KEYS > 1 and redis.call("GET", KEYS[2]) == ARGV[6] then redis.call("DEL", KEYS[2]) end
+""" + ORDERED_SAVE_BODY
 
 #: The attempt's claim as this copy found it: just taken by this copy ("new"), taken
 #: by this same copy on an earlier delivery ("mine"), or held by another copy ("other").

@@ -103,7 +103,7 @@ class GroupCommit:
                 return
             pipe = batch[0].client.pipeline(transaction=False)
             for call in batch:
-                pipe.evalsha(_sha(call.lua), len(call.keys), *call.keys, *call.args)
+                pipe.evalsha(script_sha(call.lua), len(call.keys), *call.keys, *call.args)
             replies = pipe.execute(raise_on_error=False)
         except BaseException as error:  # every caller sees it and retries as it would alone
             for call in batch:
@@ -123,7 +123,7 @@ class GroupCommit:
 
 def _evalsha(client: Any, lua: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
     """``EVALSHA``, loading the script first if Redis does not know it (NOSCRIPT)."""
-    sha = _sha(lua)
+    sha = script_sha(lua)
     try:
         return client.evalsha(sha, len(keys), *keys, *args)
     except Exception as error:
@@ -167,7 +167,8 @@ def _settings(client: Any) -> Any:
             frozenset((k, v) for k, v in kwargs.items() if isinstance(v, plain)))
 
 
-def _sha(lua: str) -> str:
+def script_sha(lua: str) -> str:
+    """The SHA1 Redis knows ``lua`` by (``EVALSHA``), computed once per script."""
     sha = _SHAS.get(lua)
     if sha is None:
         sha = _SHAS[lua] = hashlib.sha1(lua.encode()).hexdigest()

@@ -1,0 +1,73 @@
+"""The last record save of an attempt rides in Celery's own result transaction (Redis)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery, states
+
+from celery_ext import _result_ride
+from celery_ext.records import RecordStore
+from ojs_adapters import JobRecord
+from ojs_adapters.handoff import ORDERED_SAVE_LUA
+
+
+@pytest.fixture
+def backend(redis_url: str) -> Iterator[Any]:
+    app = Celery(f"ride-{uuid.uuid4().hex[:8]}", broker="memory://", backend=redis_url)
+    prefix = f"ojs-test-ride-{uuid.uuid4().hex[:8]}-"
+    backend = app.backend
+    backend.task_keyprefix = prefix.encode()
+    yield backend
+    client = backend.client
+    for key in client.scan_iter(match=f"{prefix}*"):
+        client.delete(key)
+
+
+def _ride(backend: Any, record: JobRecord, saved: list[str]) -> bool:
+    return RecordStore(backend).save_with_result(record, None, lambda: saved.append("alone"))
+
+
+def test_the_record_is_written_in_the_result_transaction(backend: Any) -> None:
+    task_id, saved = uuid.uuid4().hex, []
+    assert _ride(backend, JobRecord(task_id, "t", "q", 3).started(1).completed(), saved)
+    backend.store_result(task_id, 42, states.SUCCESS)
+    _result_ride.finish()
+    record = RecordStore(backend).load(task_id)
+    assert record is not None and record.state == "completed"
+    assert backend.get_task_meta(task_id)["result"] == 42
+    assert saved == []  # it rode: no save of its own
+
+
+def test_a_result_write_of_another_task_leaves_the_rider_to_save_alone(backend: Any) -> None:
+    task_id, saved = uuid.uuid4().hex, []
+    assert _ride(backend, JobRecord(task_id, "t", "q", 3).started(1).completed(), saved)
+    backend.store_result(uuid.uuid4().hex, 1, states.SUCCESS)
+    assert RecordStore(backend).load(task_id) is None
+    _result_ride.finish()  # task_postrun, when no result of this task was written
+    assert saved == ["alone"]
+
+
+def test_a_script_redis_does_not_know_fails_alone_and_the_save_is_done_after(
+        backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    task_id, saved = uuid.uuid4().hex, []
+    store = RecordStore(backend)
+    record = JobRecord(task_id, "t", "q", 3).started(1).completed()
+    fresh = f"-- {uuid.uuid4().hex}\n{ORDERED_SAVE_LUA}"  # EVALSHA answers NOSCRIPT
+    key = backend.get_key_for_task(task_id, key=".ojs")
+    keys, args = store._save_call(key, record, None)
+    assert _result_ride.attach(backend, task_id, fresh, keys, args,
+                               lambda: saved.append("alone"))
+    backend.store_result(task_id, 7, states.SUCCESS)  # Celery's own write still lands
+    assert backend.get_task_meta(task_id)["result"] == 7
+    _result_ride.finish()
+    assert saved == ["alone"]
+
+
+def test_other_backends_do_not_ride() -> None:
+    app = Celery("ride-cache", broker="memory://", backend="cache+memory://")
+    assert not RecordStore(app.backend).save_with_result(
+        JobRecord("x", "t", "q", 3).started(1), None, lambda: None)
