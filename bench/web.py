@@ -1,13 +1,15 @@
-"""The console at scale: 10,000 dead letters and 10,000 waiting retries per framework, on Redis.
+"""The console at scale: 10,000 dead letters and 10,000 waiting retries per framework.
 
 ``python -m bench --only web`` writes both into Redis directly, in the formats the
-adapters write (Celery: kombu envelopes with the ``ojs`` and ``ojs-dead-letter``
-headers in ``<queue>.dead_letter`` lists and the ``_ojs.parked`` set; Dramatiq:
-encoded messages in ``<ns>:<queue>.XQ`` sets and hashes and ``<ns>:_ojs.parked``),
-over two queues, plus a day of decision statistics, then times each page of the
-console app in process (Starlette's test client: the server's work, no socket):
-the median of 5 after a warm-up, and the peak Python memory a page allocated
-(``tracemalloc``, a separate pass), which stays far below the data's size.
+adapters write (Celery: kombu envelopes with the ``ojs``, ``ojs-dead-letter`` and
+``x-ojs-*`` headers in ``<queue>.dead_letter`` lists and the ``_ojs.parked`` set;
+Dramatiq: encoded messages, ``x-ojs-*`` in their options, in ``<ns>:<queue>.XQ`` sets
+and hashes and ``<ns>:_ojs.parked``), over two queues, plus a day of decision
+statistics, then times each page of the console app in process (Starlette's test
+client: the server's work, no socket): the median of 5 after a warm-up, and the peak
+Python memory a page allocated (``tracemalloc``, a separate pass), which stays far
+below the data's size. With RabbitMQ up, the same again with a RabbitMQ broker: the
+waiting retries in the index the workers keep of the delay levels (``_waiting``).
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def _errors(n: int, attempts: int) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def _celery(prefix: str) -> Iterator[tuple[str, Callable[[int], str]]]:
-    """A Celery app module for the console, and the data in Redis."""
+def _celery(prefix: str, amqp: bool = False) -> Iterator[tuple[str, Callable[[int], str]]]:
+    """A Celery app module for the console, and the data in Redis (``amqp``: the broker is
+    RabbitMQ, the waiting retries are in the index of its delay levels, no dead letters)."""
     import sys
     import types
 
@@ -55,10 +58,12 @@ def _celery(prefix: str) -> Iterator[tuple[str, Callable[[int], str]]]:
 
     from celery_ext import OjsTask
     from celery_ext._headers import HeaderState
+    from celery_ext._waiting import index_key
+    from ojs_adapters.handoff import error_headers
     from ojs_adapters.history import ErrorEntry, JobRecord
 
-    app = Celery(prefix, broker=env.REDIS_URL, backend=env.REDIS_URL, set_as_current=False,
-                 task_cls=OjsTask)
+    app = Celery(prefix, broker=env.AMQP_URL if amqp else env.REDIS_URL, backend=env.REDIS_URL,
+                 set_as_current=False, task_cls=OjsTask)
     app.conf.update(broker_transport_options={"global_keyprefix": prefix + ":"},
                     result_backend_transport_options={"global_keyprefix": prefix + ":"},
                     task_queues=None, task_default_queue=QUEUES[0])
@@ -72,7 +77,7 @@ def _celery(prefix: str) -> Iterator[tuple[str, Callable[[int], str]]]:
     now = time.time()
     ids: list[str] = []
     with client.pipeline(transaction=False) as pipe:
-        for n in range(2 * COUNT):
+        for n in range(COUNT if amqp else 0, 2 * COUNT):
             queue, dead = QUEUES[n % 2], n < COUNT
             job_id = str(uuid.uuid4())
             message = app.amqp.as_task_v2(job_id, f"bench.{queue}", args=(n,), kwargs={})
@@ -89,6 +94,7 @@ def _celery(prefix: str) -> Iterator[tuple[str, Callable[[int], str]]]:
                                    dead_lettered=True, outcome="dead_letter",
                                    updated_at=errors[-1]["occurred_at"])
                 headers["ojs-dead-letter"] = record.to_json()
+                headers.update(error_headers(record.errors[-1], 3))  # as ``_deadletter``
                 ids.append(job_id)
             body = json.dumps([[n], {}, {"callbacks": None, "errbacks": None, "chain": None,
                                         "chord": None}]).encode()
@@ -100,43 +106,60 @@ def _celery(prefix: str) -> Iterator[tuple[str, Callable[[int], str]]]:
                                "delivery_mode": 2, "priority": 0, "body_encoding": "base64",
                                "delivery_info": {"exchange": "", "routing_key": target},
                                "delivery_tag": str(uuid.uuid4())}})
-            key = f"{prefix}:{target}"
+            key = target if amqp else f"{prefix}:{target}"
             if dead:
                 pipe.lpush(key, envelope)
             else:
-                pipe.zadd(f"{prefix}:_ojs.parked",
+                pipe.zadd(index_key(app) or "" if amqp else f"{prefix}:_ojs.parked",
                           {f"{len(key.encode())}:{key}{envelope}": now + 600 + n})
         pipe.execute()
     try:
-        yield "bench_web_celery_app:app", lambda i: ids[i]
+        yield "bench_web_celery_app:app", lambda i: ids[i] if ids else ""
     finally:
         del sys.modules[module.__name__]
 
 
 @contextmanager
-def _dramatiq(prefix: str) -> Iterator[tuple[str, Callable[[int], str]]]:
+def _dramatiq(prefix: str, amqp: bool = False) -> Iterator[tuple[str, Callable[[int], str]]]:
+    """A Dramatiq broker module for the console, and the data in Redis (``amqp``: as
+    ``_celery``; the records, and so the index, in a Results backend)."""
     import sys
     import types
 
     import dramatiq
+    import redis
     from dramatiq.brokers.redis import RedisBroker
     from dramatiq.common import dq_name
     from dramatiq.message import Message
 
     from dramatiq_ext import OjsRetries
+    from dramatiq_ext._waiting import index_of
+    from ojs_adapters.handoff import error_headers
+    from ojs_adapters.history import ErrorEntry
 
-    broker = RedisBroker(url=env.REDIS_URL, namespace=prefix)
+    if amqp:
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+        from dramatiq.results import Results
+        from dramatiq.results.backends import RedisBackend
+
+        broker: Any = RabbitmqBroker(url=env.pika_url())
+        broker.add_middleware(Results(  # type: ignore[no-untyped-call]
+            backend=RedisBackend(url=env.REDIS_URL, namespace=prefix)))
+    else:
+        broker = RedisBroker(url=env.REDIS_URL, namespace=prefix)  # type: ignore[no-untyped-call]
     broker.add_middleware(OjsRetries())
+    client = redis.Redis.from_url(env.REDIS_URL)
+    index = index_of(broker.middleware[-1].store_for(broker)) if amqp else None
     for q in QUEUES:
-        dramatiq.actor(_job, broker=broker, queue_name=q, actor_name=f"bench_{q}",
+        dramatiq.actor(_job, broker=broker, queue_name=q, actor_name=f"bench_{q}",  # type: ignore[call-overload]
                        retry_policy={"max_attempts": 3, "on_exhaustion": "dead_letter"})
     module = types.ModuleType("bench_web_dramatiq_app")
     module.broker = broker  # type: ignore[attr-defined]
     sys.modules[module.__name__] = module
     now = time.time()
     ids: list[str] = []
-    with broker.client.pipeline(transaction=False) as pipe:
-        for n in range(2 * COUNT):
+    with client.pipeline(transaction=False) as pipe:
+        for n in range(COUNT if amqp else 0, 2 * COUNT):
             queue, dead = QUEUES[n % 2], n < COUNT
             redis_id = str(uuid.uuid4())
             state = {"attempt": 3 if dead else 2, "errors": _errors(n, 3 if dead else 1)}
@@ -144,9 +167,10 @@ def _dramatiq(prefix: str) -> Iterator[tuple[str, Callable[[int], str]]]:
                                        "redis_message_id": redis_id}
             if dead:
                 state["dead_letter"] = True
+                options.update(error_headers(ErrorEntry.from_dict(_errors(n, 3)[-1]), 3))
             else:
                 options["eta"] = int((now + 600 + n) * 1000)
-            message = Message(queue_name=queue if dead else dq_name(queue),
+            message: Message[Any] = Message(queue_name=queue if dead else dq_name(queue),
                               actor_name=f"bench_{queue}", args=(n,), kwargs={},
                               options=options)
             if dead:
@@ -155,10 +179,10 @@ def _dramatiq(prefix: str) -> Iterator[tuple[str, Callable[[int], str]]]:
                 pipe.hset(f"{prefix}:{queue}.XQ.msgs", redis_id, message.encode())
             else:
                 member = json.dumps([dq_name(queue), redis_id, message.encode().decode()])
-                pipe.zadd(f"{prefix}:_ojs.parked", {member: now + 600 + n})
+                pipe.zadd(index.key if index else f"{prefix}:_ojs.parked", {member: now + 600 + n})
         pipe.execute()
     try:
-        yield "bench_web_dramatiq_app:broker", lambda i: ids[i]
+        yield "bench_web_dramatiq_app:broker", lambda i: ids[i] if ids else ""
     finally:
         del sys.modules[module.__name__]
         broker.close()
@@ -172,8 +196,9 @@ def _statistics(prefix: str, framework: str) -> None:
 
     client = redis.Redis.from_url(env.REDIS_URL)
     minute = int(time.time() // 60)
-    fields = {SEP.join((framework, f"bench.task{t}", QUEUES[t % 2], d, f"err.Type{e}")): 3
-              for t in range(5) for d in ("retry", "dead_letter") for e in range(4)}
+    fields: dict[str | bytes, bytes | float | int | str] = {
+        SEP.join((framework, f"bench.task{t}", QUEUES[t % 2], d, f"err.Type{e}")): 3
+        for t in range(5) for d in ("retry", "dead_letter") for e in range(4)}
     with client.pipeline(transaction=False) as pipe:
         for m in range(minute - 59, minute + 1):
             pipe.hset(f"{prefix}:m:{m}", mapping=fields)
@@ -184,8 +209,7 @@ def _statistics(prefix: str, framework: str) -> None:
 
 def _pages(framework: str, letter: Callable[[int], str]) -> list[tuple[str, str]]:
     task = f"bench.{QUEUES[1]}" if framework == "celery" else f"bench_{QUEUES[1]}"
-    last = COUNT // 50
-    first = letter(0)
+    last, first = COUNT // 50, letter(0)
     return [
         ("overview", "/"),
         ("waiting retries, page 1", "/waiting?source=parked"),
@@ -225,11 +249,14 @@ def run() -> list[dict[str, Any]]:
     from ojs_adapters.web import ConsoleSettings, create_app
 
     rows: list[dict[str, Any]] = []
-    for framework, loader in (("celery", _celery), ("dramatiq", _dramatiq)):
-        prefix = env.namespace(f"web-{framework}")
+    cells = [(f, amqp) for amqp in (False, True) for f in ("celery", "dramatiq")
+             if not amqp or env.reachable("rabbitmq")]
+    for framework, amqp in cells:
+        loader, prefix = _celery if framework == "celery" else _dramatiq, env.namespace(
+            f"web-{framework}")
         began = time.perf_counter()
         try:
-            with loader(prefix) as (app, letter):
+            with loader(prefix, amqp) as (app, letter):
                 _statistics(f"{prefix}-stats", framework)
                 loaded = time.perf_counter() - began
                 settings = ConsoleSettings(framework=framework, app=app, stats_url=env.REDIS_URL,
@@ -238,10 +265,13 @@ def run() -> list[dict[str, Any]]:
                 with TestClient(create_app(settings)) as client:
                     client.headers["Authorization"] = "Bearer bench-token-0123456789"
                     for name, path in _pages(framework, letter):
+                        if amqp and ("dead" in name or "confirm" in name):
+                            continue  # on RabbitMQ: the waiting retries only
                         if name.startswith("dead letter (") and framework == "dramatiq":
                             path += "&key=" + _dramatiq_key(client, path)
                         ms, kib, status = _time(client, path)
                         rows.append({"framework": framework, "page": name, "ms": round(ms, 1),
+                                     "broker": "rabbitmq" if amqp else "redis",
                                      "peak_kib": round(kib), "status": status,
                                      "load_s": round(loaded, 1)})
         finally:
@@ -252,8 +282,7 @@ def run() -> list[dict[str, Any]]:
 def _dramatiq_key(client: Any, path: str) -> str:
     """The ``key`` the dead-letters listing links a Dramatiq letter with (its Redis id)."""
     listing = client.get("/dead-letters").text
-    job_id = path.split("id=")[1].split("&")[0]
-    marker = f"id={job_id}&amp;queue={QUEUES[0]}&amp;key="
+    marker = f"id={path.split('id=')[1].split('&')[0]}&amp;queue={QUEUES[0]}&amp;key="
     return listing.split(marker)[1].split('"')[0] if marker in listing else ""
 
 
@@ -262,10 +291,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(title=f"Console pages with {COUNT:,} dead letters and {COUNT:,} waiting "
-                        "retries (Redis; median of 5)")
-    for header in ("framework", "page", "ms", "peak KiB", "status"):
+                        "retries (RabbitMQ: the waiting retries only; median of 5)")
+    for header in ("framework", "broker", "page", "ms", "peak KiB", "status"):
         table.add_column(header, justify="left" if header.isalpha() else "right")
     for row in rows:
-        table.add_row(row["framework"], row["page"], f"{row['ms']:.1f}",
-                      str(row["peak_kib"]), str(row["status"]))
+        table.add_row(row["framework"], row.get("broker", "redis"), row["page"],
+                      f"{row['ms']:.1f}", str(row["peak_kib"]), str(row["status"]))
     Console(width=120).print(table)

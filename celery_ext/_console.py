@@ -1,15 +1,15 @@
-"""The console's view of a Celery app (``ojs_adapters.browse``):
-entry point ``ojs_adapters.console``.
+"""The console's view of a Celery app (``ojs_adapters.browse``; entry point ``console``).
 
 Dead letters come from ``celery_ext.dlq`` (the ``ojs-retry dlq`` API, which replays
 and deletes). On Redis, pages are read on the broker: the ``<queue>.dead_letter``
 lists are in dead-lettering order (kombu pushes on the left), so a page is one
-``LRANGE`` per list it spans, counts are ``LLEN``, and only the page is decoded;
-a filter on task, error type or date reads the lists in chunks of ``CHUNK``,
-tests each raw envelope for the filter's literal text first and decodes only what
-may match. Pages list queue by queue (sorted), oldest first within a queue. On
-RabbitMQ a queue cannot be read without taking it, so pages come from the
-``DeadLetters`` listing and depths from a passive declare.
+``LRANGE`` per list it spans, counts are ``LLEN``, and only the page is decoded.
+A filter on task, error type or date reads the lists a ``CHUNK`` at a time, keeps
+what holds the filter's literal text, reads the fields it needs from the raw
+envelopes (``_passes``) and decodes only the page. Pages list
+queue by queue (sorted), oldest first within a queue. On RabbitMQ a queue cannot be
+read without taking it: pages come from the ``DeadLetters`` listing, depths from
+passive declares.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from fnmatch import fnmatchcase
 from typing import Any
@@ -24,16 +25,19 @@ from typing import Any
 from celery_ext._deadletter import DEAD_LETTER_HEADER
 from celery_ext._dlq_redis import RedisDeadLetters, _Envelope
 from celery_ext._headers import HEADER, HeaderState
+from celery_ext._parking import prefix_of
 from celery_ext._waiting import CeleryRetryView
 from celery_ext.dlq import open_dead_letter_queue
 from celery_ext.records import get_job_record
-from ojs_adapters.browse import LetterDetails
+from ojs_adapters.browse import LetterDetails, raw_error_type, raw_string
 from ojs_adapters.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
 from ojs_adapters.history import JobRecord
 from ojs_adapters.stats import StatsReader
 
 #: Envelopes read per round trip while filtering.
 CHUNK = 500
+#: Number of RabbitMQ delay levels (``kombu.transport.native_delayed_delivery``).
+LEVELS = 28
 #: Headers that repeat the job's arguments (Celery's ``argsrepr``/``kwargsrepr``).
 _ARGUMENT_HEADERS = frozenset({"argsrepr", "kwargsrepr"})
 
@@ -51,7 +55,9 @@ class CeleryConsole:
 
     def retry_view(self, stats: StatsReader | None) -> CeleryRetryView:
         if self._redis is None:
-            return CeleryRetryView(self.app, stats=stats)
+            levels = [f"{prefix_of(self.app)}_celery_delayed_{n}" for n in range(LEVELS)]
+            return CeleryRetryView(self.app, stats=stats, count_levels=lambda: sum(
+                _amqp_sizes(self.app, levels).values()))
         return CeleryRetryView(self.app, redis=self._redis.client, prefix=self._redis.prefix,
                                stats=stats)
 
@@ -103,12 +109,13 @@ class CeleryConsole:
         if filters == DeadLetterFilter(queue=filters.queue):  # broker-side slices only
             return Page(tuple(self._slice(lists, start, per_page)), page, per_page,
                         sum(self._lengths(lists).values()))
-        total, kept = 0, []
-        for envelope, queue in self._scan(lists, _needles(filters)):
-            if not _may_match(envelope.data, filters):  # exact: the filter's own test
+        total, kept, rest = 0, [], replace(  # the lists are the queue's
+            filters, queue=None, since=_aware(filters.since), until=_aware(filters.until))
+        for key, raw, queue in self._scan(lists, _needles(filters)):
+            if not _passes(raw, rest):  # exact: the filter's own test
                 continue
-            if start <= total < start + per_page:  # only the page is decoded whole
-                kept.append(self._redis._letter(envelope, queue))
+            if start <= total < start + per_page:  # only the page is decoded
+                kept.append(self._redis._letter(_Envelope(key, raw, json.loads(raw)), queue))
             total += 1
         return Page(tuple(kept), page, per_page, total)
 
@@ -117,8 +124,8 @@ class CeleryConsole:
         if self._redis is None:
             return self.dead_letters.show(job_id)
         found = None
-        for envelope, original in self._scan(self._lists(queue), [job_id.encode()]):
-            letter = self._redis._letter(envelope, original)
+        for list_key, raw, original in self._scan(self._lists(queue), [job_id.encode()]):
+            letter = self._redis._letter(_Envelope(list_key, raw, json.loads(raw)), original)
             if letter.id == job_id:
                 found = letter  # the newest one wins, as DeadLetters.show
         return found
@@ -158,8 +165,9 @@ class CeleryConsole:
             start = 0
 
     def _scan(self, lists: Mapping[str, list[str]],
-              needles: Sequence[bytes]) -> Iterator[tuple[_Envelope, str]]:
-        """Envelopes containing every needle, list by list, oldest first, a chunk at a time."""
+              needles: Sequence[bytes]) -> Iterator[tuple[str, bytes, str]]:
+        """``(list key, raw envelope, queue)`` of the envelopes holding every needle, list
+        by list, oldest first, a chunk at a time (none decoded)."""
         assert self._redis is not None
         for queue, keys in lists.items():
             for key in keys:
@@ -168,7 +176,7 @@ class CeleryConsole:
                     raws = self._redis.client.lrange(key, end - CHUNK + 1, end)
                     for raw in reversed(raws):
                         if all(n in raw for n in needles):
-                            yield _Envelope(key, raw, json.loads(raw)), queue
+                            yield key, raw, queue
                     if len(raws) < CHUNK:
                         break
                     end -= CHUNK
@@ -183,6 +191,36 @@ def _needles(filters: DeadLetterFilter) -> list[bytes]:
         if literal:
             out.append(json.dumps(literal)[1:-1].encode())
     return out
+
+
+def _passes(raw: bytes, filters: DeadLetterFilter) -> bool:
+    """The filter on task, error type, time and ids (dates timezone-aware), read from the
+    raw envelope's bytes where they say a field plainly (``raw_string``: no decoding; the
+    error type from ``x-ojs-error-details``, the time from ``ojs-dead-letter``), else
+    from the decoded headers. A field read that fails settles it, whatever the rest."""
+    if filters.ids is not None:
+        if (job_id := raw_string(raw, b"id")) is None:
+            return _may_match(json.loads(raw), filters)
+        if job_id not in filters.ids:
+            return False
+    if filters.task_type is not None:
+        if (task := raw_string(raw, b"task")) is None:
+            return _may_match(json.loads(raw), filters)
+        if not fnmatchcase(task, filters.task_type):
+            return False
+    if filters.error_type is not None:
+        if (error := raw_error_type(raw)) is None:
+            return _may_match(json.loads(raw), filters)
+        if not fnmatchcase(error, filters.error_type):
+            return False
+    if filters.since is None and filters.until is None:
+        return True
+    if (stamp := raw_string(raw, b"updated_at", escaped=True)) is None:
+        return _may_match(json.loads(raw), filters)
+    at = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    at = at if at.tzinfo else at.replace(tzinfo=timezone.utc)
+    return (filters.since is None or at >= filters.since) and (
+        filters.until is None or at < filters.until)
 
 
 def _may_match(data: Mapping[str, Any], filters: DeadLetterFilter) -> bool:
@@ -212,21 +250,33 @@ def _may_match(data: Mapping[str, Any], filters: DeadLetterFilter) -> bool:
         id="", queue="", task_type="", error_type=None, dead_lettered_at=moment, attempt=0))
 
 
+def _aware(moment: datetime | None) -> datetime | None:
+    return moment.replace(tzinfo=timezone.utc) if moment and not moment.tzinfo else moment
+
+
 def _amqp_depths(app: Any, dead_letters: DeadLetters) -> dict[str, int]:
     """Messages in each dead-letter queue, by a passive declare (nothing is taken)."""
     names: dict[str, str] = dead_letters.store._names()  # type: ignore[attr-defined]
     out: dict[str, int] = {}
-    with app.connection_for_write() as conn:
-        for dead, original in names.items():
-            channel = conn.channel()
+    for dead, count in _amqp_sizes(app, list(names)).items():
+        out[names[dead]] = out.get(names[dead], 0) + count
+    return out
+
+
+def _amqp_sizes(app: Any, queues: Sequence[str]) -> dict[str, int]:
+    """Messages in each of ``queues`` that exists, by passive declares (nothing is taken)."""
+    out: dict[str, int] = {}
+    with app.pool.acquire(block=True) as conn:  # a pooled connection, one channel
+        channel = None  # until a 404 closes it
+        for name in queues:
+            channel = channel or conn.channel()
             try:
-                count = int(channel.queue_declare(queue=dead, passive=True).message_count)
-            except Exception:  # not declared: nothing dead there
-                continue
-            finally:
-                with contextlib.suppress(Exception):  # closed by the 404 already
-                    channel.close()
-            out[original] = out.get(original, 0) + count
+                out[name] = int(channel.queue_declare(queue=name, passive=True).message_count)
+            except conn.channel_errors:  # not declared: nothing there
+                channel = None
+        with contextlib.suppress(Exception):
+            if channel is not None:
+                channel.close()
     return out
 
 

@@ -35,7 +35,9 @@ holds it for about a second (the rest of its ETA), and
   anonymous delivery to ``<queue>`` again, so routing, the record and the next
   retry see the queue. ``x-death`` headers are never copied into a retry
   (``_headers``): RabbitMQ drops a message dead-lettered into a level its
-  ``x-death`` shows it expired from before, as a cycle.
+  ``x-death`` shows it expired from before, as a cycle. AMQP cannot list the levels,
+  so each parked retry is also noted in the console's index (``_waiting.index_parked``:
+  one round trip to the Redis result backend, if that is the backend).
 - **Redis**: the envelope kombu's ``_put`` would push (built by the channel's
   own ``_inplace_augment_message``: delivery tag, delivery info, body
   encoding) goes into the sorted set ``_ojs.parked`` (under the transport's
@@ -164,7 +166,7 @@ def parking_producer(app: Any, conn: Any, *, queue: str, not_before: float) -> A
     if driver == "redis":
         park = _RedisPark(queue, not_before)
     elif driver == "amqp" and routable(queue) and _TOPOLOGY.ensure(app, conn):
-        park = _AmqpPark(queue, not_before, prefix_of(app))
+        park = _AmqpPark(queue, not_before, prefix_of(app), app)
     else:
         return None
     return conn.Producer(channel=_ParkingChannel(channel, park))
@@ -214,9 +216,10 @@ class _ParkingChannel:
 class _AmqpPark(_Park):
     """Publish to the delay levels, for the whole seconds left, bound back to the queue."""
 
-    def __init__(self, queue: str, not_before: float, prefix: str) -> None:
+    def __init__(self, queue: str, not_before: float, prefix: str, app: Any) -> None:
         super().__init__(queue, not_before)
         self.prefix = prefix
+        self.app = app
 
     def publish(self, channel: Any, message: Any, exchange: str, routing_key: str,
                 kwargs: Mapping[str, Any]) -> Any:
@@ -229,13 +232,17 @@ class _AmqpPark(_Park):
                                routing_key=binding_key(self.queue))
             # mandatory: a level deleted under us returns the message (an error) before
             # the confirm, instead of dropping it
-            return channel.basic_publish(
+            sent = channel.basic_publish(
                 message, exchange=level_name(MAX_LEVEL, self.prefix),
                 routing_key=calculate_routing_key(seconds, self.queue),
                 **{**kwargs, "mandatory": True})
         except Exception:
             _TOPOLOGY.forget(self.prefix)  # declared again on the next try (the hand-off's)
             raise
+        from celery_ext._waiting import index_parked  # (it imports this module)
+
+        index_parked(self.app, message, self.queue, self.not_before)  # the console lists it
+        return sent
 
 
 class _RedisPark(_Park):

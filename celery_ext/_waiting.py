@@ -1,47 +1,54 @@
 """Where a Celery setup keeps its waiting retries, for the console (``ojs_adapters.browse``).
 
-- **Redis, parked** (``_parking``): the sorted set ``_ojs.parked`` holds each retry
-  longer than ``ojs_park_after`` as the envelope kombu would push, scored by its due
-  time. Paged on the broker (``ZRANGE`` by rank: soonest first); *retry now* moves
-  the envelope to its list with the ETA and ``not_before`` cleared, and *discard*
-  removes it and marks the record discarded, each in one atomic step per retry.
-- **Redis, held**: shorter countdowns are ETA messages a worker holds unacked until
-  due; kombu keeps them in its ``unacked`` hash, which is read whole (it holds only
-  what workers prefetched). Listed, not actionable: the worker owns them.
-- **RabbitMQ**: parked retries wait inside the TTL queues of the delay levels and
-  held ones unacked in a worker; AMQP can count the first and neither list nor
-  move them. The workers' reported decisions (``ojs_adapters.stats``) list them.
+- **Redis, parked** (``_parking``): the sorted set ``_ojs.parked``, scored by due time,
+  paged on the broker. *Retry now* moves an envelope to its list with the ETA and
+  ``not_before`` cleared; *discard* removes it and marks the record discarded.
+- **Redis, held**: ETA messages a worker holds unacked (kombu's ``unacked`` hash, read
+  whole: only what was prefetched). Listed, not actionable: the worker owns them.
+- **RabbitMQ, parked**: in the delay levels' TTL queues, which AMQP can count but not
+  list or take from; so the worker that parks a retry also notes it (``index_parked``,
+  one round trip) in an *index*: the sorted set ``<result key prefix>_ojs.parked`` on
+  the Redis result backend, members as in the Redis set. *Retry now* publishes a copy
+  (same body and headers, a fresh ``ojs-token``, due now) to the queue; the parked
+  original, when due, finds its attempt claimed by the copy and is dropped unrun as a
+  duplicate (``judge_delivery``), counting no attempt. *Discard* claims the attempt
+  for the operator and marks the record discarded: the original is dropped the same
+  way. With no Redis result backend (no index, no claims) the workers' reported
+  decisions list them. **Held**: unacked in a worker, neither counted nor listed.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from kombu.utils.json import dumps
+
+from celery_ext._handoff import TOKEN_HEADER, new_token, replay_round
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._parking import PARKED_KEY, prefix_of
-from celery_ext.records import RecordStore
-from ojs_adapters.browse import (
-    DECIDED,
-    WaitingFilter,
-    WaitingPage,
-    WaitingRetry,
-    WaitingSource,
-    decided_page,
-    decided_source,
-)
+from celery_ext.records import CLAIM_SUFFIX, RecordStore
+from ojs_adapters import browse
+from ojs_adapters.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
+from ojs_adapters.handoff import attempt_id
 from ojs_adapters.history import utc_now
 from ojs_adapters.runtime.parked_scan import ParkedSetScan
 from ojs_adapters.stats import StatsReader
 
+logger = logging.getLogger("celery_ext")
+
 #: Record ``end_reason`` of a retry an operator discarded.
 DISCARDED_BY_OPERATOR = "discarded by an operator"
-#: Number of RabbitMQ delay levels (``kombu.transport.native_delayed_delivery``).
-LEVELS = 28
+#: The claim an operator's *discard* takes on the attempt (``<copy>|<delivery>``).
+DISCARD_CLAIM = "discarded-by-operator|console"
+#: Message properties a copy keeps.
+_PROPERTIES = ("priority", "correlation_id", "reply_to", "delivery_mode")
 
 #: KEYS[1] the parked set; ARGV: (member, list key, new payload) triples. Each member
 #: still parked is removed and its payload pushed (as kombu's ``_put``); the count moved.
@@ -57,111 +64,153 @@ return moved
 """
 
 
+def index_key(app: Any) -> bytes | None:
+    """The RabbitMQ parked-retry index of ``app`` (``None`` without a Redis result backend)."""
+    return app.backend.get_key_for_task(PARKED_KEY) if RecordStore(app.backend).leases \
+        else None
+
+
+def index_parked(app: Any, message: Any, queue: str, due: float) -> None:
+    """Note an AMQP ``message`` parked for ``queue`` until ``due`` in the index (one round
+    trip); a failure is logged, never raised: the retry is parked already."""
+    try:
+        if (key := index_key(app)) is None:
+            return
+        props, body = dict(message.properties), message.body
+        envelope = {"body": base64.b64encode(body if isinstance(body, bytes) else
+                                             str(body).encode()).decode(),
+                    "content-encoding": props.get("content_encoding"),
+                    "content-type": props.get("content_type"),
+                    "headers": props.get("application_headers") or {},
+                    "properties": {k: props[k] for k in _PROPERTIES if props.get(k) is not None}}
+        payload: str = dumps(envelope)  # type: ignore[no-untyped-call]  # as ``_parking``
+        browse.add_to_index(app.backend.client, key, f"{len(queue.encode())}:{queue}{payload}", due)
+    except Exception:
+        logger.warning("ojs-adapters: cannot note a parked retry in the console's index",
+                       exc_info=True)
+
+
 class CeleryRetryView(ParkedSetScan):
     """``RetryView`` of a Celery app (see the module docstring)."""
 
     def __init__(self, app: Any, *, redis: Any = None, prefix: str = "",
-                 stats: StatsReader | None = None) -> None:
-        self.app = app
-        self.redis = redis  # a plain client (keys prefixed by hand), None on RabbitMQ
-        self.prefix = prefix
-        self.stats = stats
+                 stats: StatsReader | None = None,
+                 count_levels: Callable[[], int | None] = lambda: None) -> None:
+        self.app, self.amqp, self.prefix, self.stats = app, redis is None, prefix, stats
+        self.count_levels = count_levels  # messages in the RabbitMQ delay levels
+        self.index = index_key(app) if self.amqp else None
+        # the parked set's client (keys prefixed by hand): the broker's, or the index's
+        self.redis = app.backend.client if self.index is not None else redis
         self.records = RecordStore(app.backend)
         self._move = redis.register_script(_MOVE_NOW) if redis is not None else None
 
     @property
-    def parked_key(self) -> str:
-        return self.prefix + PARKED_KEY
+    def parked_key(self) -> Any:
+        return self.index if self.amqp else self.prefix + PARKED_KEY
 
     def sources(self) -> list[WaitingSource]:
-        if self.redis is None:
-            return [self._levels(), WaitingSource(
-                "held", "Held by workers", listable=False, actionable=False, count=None,
-                note="Retries due within ojs_park_after (60 s) wait unacked in a worker; "
-                     "AMQP can neither count nor list them."),
-                decided_source(self.stats, "celery", "Parked and held retries cannot be "
-                               "listed over AMQP.")]
-        return [
-            WaitingSource("parked", "Parked on Redis", listable=True, actionable=True,
-                          count=int(self.redis.zcard(self.parked_key)),
-                          note=f"The sorted set {self.parked_key!r}: retries longer than "
-                               "ojs_park_after wait here and move to their queue when due."),
-            WaitingSource("held", "Held by workers", listable=True, actionable=False,
-                          count=sum(1 for _ in self._held()),
-                          note="ETA messages a worker holds unacked until due (countdowns "
-                               "up to ojs_park_after): they run when due; the worker owns "
-                               "them, so they cannot be moved or dropped from here."),
-        ]
-
-    def _levels(self) -> WaitingSource:
-        base = f"{prefix_of(self.app)}_celery_delayed_"
-        total = 0
-        with self.app.connection_for_write() as conn:
-            for level in range(LEVELS):
-                channel = conn.channel()
-                try:
-                    total += int(channel.queue_declare(
-                        queue=f"{base}{level}", passive=True).message_count)
-                except Exception:  # a level not declared yet holds nothing (a 404)
-                    pass
-                finally:
-                    _close(channel)
-        return WaitingSource("parked", "Parked in the RabbitMQ delay levels", listable=False,
-                             actionable=False, count=total,
-                             note=f"Messages inside the TTL queues {base}0..27 cannot be read "
-                                  "or moved without consuming them; they reach their queue "
-                                  "when due.")
+        if not self.amqp:
+            return [
+                WaitingSource("parked", "Parked on Redis", listable=True, actionable=True,
+                              count=int(self.redis.zcard(self.parked_key)),
+                              note=f"The sorted set {self.parked_key!r}: retries longer than "
+                                   "ojs_park_after wait here and move to their queue when due."),
+                WaitingSource("held", "Held by workers", listable=True, actionable=False,
+                              count=sum(1 for _ in self._held()),
+                              note="ETA messages a worker holds unacked until due (countdowns "
+                                   "up to ojs_park_after): they run when due; the worker owns "
+                                   "them, so they cannot be moved or dropped from here.")]
+        levels = self.count_levels()
+        where = f"the TTL queues {prefix_of(self.app)}_celery_delayed_0..27 ({levels} messages)"
+        parked = WaitingSource(
+            "parked", "Parked in the RabbitMQ delay levels", listable=False, actionable=False,
+            count=levels, note=f"Messages in {where} cannot be read or moved without consuming "
+            "them, and with no Redis result backend the workers keep no index of them.")
+        if self.redis is not None:
+            parked = replace(parked, listable=True, actionable=True, count=int(
+                self.redis.zcount(self.parked_key, time.time() - browse.INDEX_GRACE, "+inf")),
+                note=f"Listed from the index the workers keep on the result backend; {where} "
+                "keep an original whose retry ran early or was discarded until due, then drop it.")
+        return [parked, WaitingSource(
+            "held", "Held by workers", listable=False, actionable=False, count=None,
+            note="Retries due within ojs_park_after (60 s) wait unacked in a worker; AMQP can "
+                 "neither count nor list them."), browse.decided_source(
+            self.stats, "celery", "Held retries cannot be listed over AMQP.")]
 
     def page(self, source: str, filters: WaitingFilter, *, page: int = 1,
              per_page: int = 50) -> WaitingPage:
-        if source == DECIDED and self.stats is not None:
-            return decided_page(self.stats, "celery", filters, page=page, per_page=per_page)
-        start = (page - 1) * per_page
-        if source == "held" and self.redis is not None:
+        if source == browse.DECIDED and self.stats is not None:
+            return browse.decided_page(self.stats, "celery", filters, page=page,
+                                       per_page=per_page)
+        if source == "held" and not self.amqp:
+            start = (page - 1) * per_page
             found = sorted((x for x in self._held() if filters.matches(x)),
                            key=lambda x: x.due_at or datetime.min.replace(tzinfo=timezone.utc))
             return WaitingPage(tuple(found[start:start + per_page]), page, per_page, len(found))
         if source != "parked" or self.redis is None:
             return WaitingPage((), page, per_page, 0)
-        if filters == WaitingFilter():
-            with self.redis.pipeline(transaction=False) as pipe:
-                pipe.zcard(self.parked_key)
-                pipe.zrange(self.parked_key, start, start + per_page - 1, withscores=True)
-                total, pairs = pipe.execute()
-            items = tuple(self._parked(m, s) for m, s in pairs)
-            return WaitingPage(items, page, per_page, int(total))
-        total, kept = 0, []
-        for member, score in self._scan(_needles(filters, self.prefix)):
-            if self._matches(member, filters):  # a light read; the page is decoded whole
-                if start <= total < start + per_page:
-                    kept.append(self._parked(member, score))
-                total += 1
-        return WaitingPage(tuple(kept), page, per_page, total)
+        # the index keeps entries a while after they came due (and ran): not listed
+        low = time.time() - browse.INDEX_GRACE if self.amqp else float("-inf")
+        return self._page(filters, _needles(filters, self.prefix), low=low, page=page,
+                          per_page=per_page)
 
     def retry_now(self, source: str, ids: Sequence[str]) -> int:
-        if source != "parked" or self._move is None:
+        if source != "parked" or self.redis is None:
             return 0
+        self._forget(ids)
+        if self.amqp:
+            return len(self._act(ids, self._publish_copy))
         args: list[str | bytes] = []
         for member, _score in self._members(ids):
             key, payload = _split(member)
             envelope = json.loads(payload)
-            headers = envelope.get("headers") or {}
-            state = HeaderState.from_headers(headers)
-            headers[HEADER] = replace(state, not_before=time.time()).encode()
-            headers["eta"] = None
-            envelope["headers"] = headers
+            envelope["headers"] = _due_now(envelope.get("headers") or {})
             args += [member, key, json.dumps(envelope)]
-        return int(self._move(keys=[self.parked_key], args=args)) if args else 0
+        return int(self._move(keys=[self.parked_key], args=args)) if args else 0  # type: ignore[misc]
 
     def discard(self, source: str, ids: Sequence[str]) -> int:
         if source != "parked" or self.redis is None:
             return 0
-        removed = 0
-        for member, _score in self._members(ids):
-            if self.redis.zrem(self.parked_key, member):
-                removed += 1
-                self._mark_discarded(self._parked(member, 0.0).id)
-        return removed
+        self._forget(ids)
+        done = self._act(ids, self._claim_for_operator if self.amqp else lambda m, s: True)
+        for member in done:
+            self._mark_discarded(self._parked(member, 0.0).id)
+        return len(done)
+
+    def _publish_copy(self, member: bytes, _due: float) -> bool:
+        """A copy of a RabbitMQ parked retry, due now, on its queue (see the docstring)."""
+        queue, payload = _split(member)
+        envelope = json.loads(payload)
+        headers = envelope.get("headers") or {}
+        if self.redis.exists(self._claim_name(headers)):
+            return False  # the attempt ran (or runs) already: nothing to hurry
+        properties = envelope.get("properties") or {}
+        with self.app.connection_for_write(transport_options={"confirm_publish": True}) as conn:
+            conn.Producer().publish(
+                base64.b64decode(envelope["body"]), exchange="", routing_key=queue,
+                content_type=envelope.get("content-type"),
+                content_encoding=envelope.get("content-encoding"),
+                headers={**_due_now(headers), TOKEN_HEADER: new_token()}, retry=False,
+                **{k: properties[k] for k in _PROPERTIES if k in properties})
+        return True
+
+    def _claim_for_operator(self, member: bytes, due: float) -> bool:
+        """Claim the attempt for the discard: the parked original is dropped when due."""
+        headers = json.loads(_split(member)[1]).get("headers") or {}
+        ttl = max(self.records._claim_ttl(), due - time.time() + 3600)
+        return bool(self.redis.set(self._claim_name(headers), DISCARD_CLAIM, nx=True,
+                                   ex=int(ttl)))
+
+    def _claim_name(self, headers: dict[str, Any]) -> Any:
+        """The Redis key of the claim on the attempt these headers run (``_attempt``)."""
+        key = attempt_id(str(headers.get("id")), HeaderState.from_headers(headers).attempt)
+        replays = replay_round(headers)
+        return self.app.backend.get_key_for_task(
+            f"{key}/replay{replays}" if replays else key, key=CLAIM_SUFFIX)
+
+    def _forget(self, ids: Sequence[str]) -> None:
+        if self.stats is not None:  # no longer waiting: off the reported list too
+            self.stats.forget("celery", ids)
 
     def _mark_discarded(self, job_id: str) -> None:
         record = self.records.load(job_id)
@@ -175,8 +224,12 @@ class CeleryRetryView(ParkedSetScan):
     def _matches(self, member: bytes, filters: WaitingFilter) -> bool:
         key, payload = _split(member)
         queue = key[len(self.prefix):].split("\x06\x16")[0]
-        task = str((json.loads(payload).get("headers") or {}).get("task"))
-        return WaitingFilter(filters.queue, filters.task).matches(WaitingRetry(
+        if filters.queue is not None and queue != filters.queue:
+            return False
+        task = browse.raw_string(payload, b"task")  # no decoding where the bytes say it
+        if task is None:
+            task = str((json.loads(payload).get("headers") or {}).get("task"))
+        return WaitingFilter(task=filters.task).matches(WaitingRetry(
             "", task, queue, 0, None, None, None, None, "parked"))
 
     def _parked(self, member: bytes, score: float) -> WaitingRetry:
@@ -223,6 +276,12 @@ class CeleryRetryView(ParkedSetScan):
             yield self._retry(headers, str(routing_key), state.not_before, "held")
 
 
+def _due_now(headers: dict[str, Any]) -> dict[str, Any]:
+    """``headers`` of a retry made due now: ``not_before`` now, no ETA."""
+    state = HeaderState.from_headers(headers)
+    return {**headers, HEADER: replace(state, not_before=time.time()).encode(), "eta": None}
+
+
 def _split(member: bytes) -> tuple[str, bytes]:
     """``<byte length of the list key>:<list key><payload>`` (``_parking``) in two."""
     colon = member.index(b":")
@@ -238,11 +297,3 @@ def _needles(filters: WaitingFilter, prefix: str) -> list[bytes]:
     if filters.task and not any(c in filters.task for c in "*?["):
         out.append(json.dumps(filters.task).encode())
     return out
-
-
-def _close(channel: Any) -> None:
-    try:
-        channel.close()
-    except Exception:  # already closed by a 404
-        return
-

@@ -18,6 +18,7 @@ import heapq
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
+from fnmatch import fnmatchcase
 from typing import Any
 
 from dramatiq.common import xq_name
@@ -30,7 +31,7 @@ from dramatiq_ext._state import STATE_OPTION
 from dramatiq_ext._waiting import DramatiqRetryView
 from dramatiq_ext.dlq import dead_letter_of, open_dead_letter_queue
 from dramatiq_ext.middleware import OjsRetries
-from ojs_adapters.browse import LetterDetails
+from ojs_adapters.browse import LetterDetails, raw_error_type, raw_string
 from ojs_adapters.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
 from ojs_adapters.history import JobRecord
 from ojs_adapters.stats import StatsReader
@@ -55,8 +56,10 @@ class DramatiqConsole:
     def retry_view(self, stats: StatsReader | None) -> DramatiqRetryView:
         ojs = next((m for m in self.broker.middleware if isinstance(m, OjsRetries)), None)
         levels = ojs.parking.levels.base if ojs is not None else "ojs_dramatiq_delayed"
-        return DramatiqRetryView(self.broker, self.dead_letters.queues(), self.records,
-                                 levels=levels, stats=stats, max_attempts=self._max_attempts)
+        return DramatiqRetryView(
+            self.broker, self.dead_letters.queues(), self.records, levels=levels, stats=stats,
+            max_attempts=self._max_attempts, channel=self._amqp._open if self._amqp else None,
+            sizes=self._sizes)
 
     def _max_attempts(self, actor: str, message: Any) -> int | None:
         ojs = next((m for m in self.broker.middleware if isinstance(m, OjsRetries)), None)
@@ -111,19 +114,25 @@ class DramatiqConsole:
                 return dict(zip(queues, (int(n) for n in pipe.execute()), strict=True))
         if self._amqp is None:  # the stub broker
             return {q: self.dead_letters.list(DeadLetterFilter(queue=q)).total for q in queues}
+        sizes = self._sizes([xq_name(q) for q in queues])
+        return {q: sizes.get(xq_name(q), 0) for q in queues}  # no .XQ yet: none dead
+
+    def _sizes(self, names: list[str]) -> dict[str, int]:
+        """Messages in each of the RabbitMQ queues ``names`` that exists, by passive
+        declares (nothing is taken)."""
         from pika.exceptions import ChannelClosedByBroker
 
         out: dict[str, int] = {}
-        for queue in queues:
-            channel = self._amqp._open()
+        channel = None  # one channel, until a 404 closes it
+        for name in names:
+            assert self._amqp is not None
+            channel = channel if channel is not None and channel.is_open else self._amqp._open()
             try:
-                out[queue] = int(channel.queue_declare(xq_name(queue), passive=True)
-                                 .method.message_count)
-            except ChannelClosedByBroker:  # no dead-letter queue yet
-                out[queue] = 0
-            finally:
-                if channel.is_open:
-                    channel.close()
+                out[name] = int(channel.queue_declare(name, passive=True).method.message_count)
+            except ChannelClosedByBroker:  # not declared
+                continue
+        if channel is not None and channel.is_open:
+            channel.close()
         return out
 
     def letters(self, filters: DeadLetterFilter, *, page: int = 1, per_page: int = 50) -> Page:
@@ -144,28 +153,30 @@ class DramatiqConsole:
                                    for q, pairs in zip(queues, found[1::2], strict=True)))
             chosen = list(ranked)[start:start + per_page]
             return Page(tuple(self._decode(chosen)), page, per_page, total)
-        matches: list[tuple[float, str, str]] = []
-        needles = _needles(filters)
-        for queue in queues:
-            offset = 0
+        needles, rest = _needles(filters), DeadLetterFilter(
+            task_type=filters.task_type, error_type=filters.error_type, ids=filters.ids)
+        client, matched, total = self._redis.client, [], 0
+        for queue in queues:  # ids (no scores: each costs a parse) and raw messages
+            kept, offset = [], 0
             while True:
-                pairs = self._redis.client.zrangebyscore(self._key(queue), low, high,
-                                                         start=offset, num=CHUNK,
-                                                         withscores=True)
-                if not pairs:
-                    break
-                datas = self._redis.client.hmget(self._key(queue) + ".msgs",
-                                                 [k for k, _ in pairs])
-                for (key, score), data in zip(pairs, datas, strict=True):
-                    if data is not None and all(n in data for n in needles) and \
-                            _may_match(data, filters):
-                        matches.append((score, _text(key), queue))
-                if len(pairs) < CHUNK:
+                ids = client.zrangebyscore(self._key(queue), low, high, start=offset, num=CHUNK)
+                datas = client.hmget(self._key(queue) + ".msgs", ids) if ids else []
+                kept += [k for k, data in zip(ids, datas, strict=True) if data is not None
+                         and all(n in data for n in needles) and _passes(data, rest)]
+                if len(ids) < CHUNK:
                     break
                 offset += CHUNK
-        matches.sort()
-        return Page(tuple(self._decode(matches[start:start + per_page])), page, per_page,
-                    len(matches))
+            matched.append((queue, kept[:start + per_page]))
+            total += len(kept)
+        with client.pipeline(transaction=False) as pipe:  # scores of what may be shown
+            for queue, kept in matched:
+                for key in kept:
+                    pipe.zscore(self._key(queue), key)
+            scores = iter(pipe.execute())
+        lists = [[(score, _text(k), q) for k in kept if (score := next(scores)) is not None]
+                 for q, kept in matched]
+        chosen = list(heapq.merge(*lists))[start:start + per_page]
+        return Page(tuple(self._decode(chosen)), page, per_page, total)
 
     def letter(self, job_id: str, queue: str | None = None,
                key: str | None = None) -> DeadLetter | None:
@@ -226,6 +237,27 @@ def _needles(filters: DeadLetterFilter) -> list[bytes]:
         if literal:
             out.append(json.dumps(literal)[1:-1].encode())
     return out
+
+
+def _passes(data: bytes, filters: DeadLetterFilter) -> bool:
+    """The filter on actor, error type and ids, read from the raw message's bytes where
+    they say a field plainly (``raw_string``: no decoding; the error type from option
+    ``x-ojs-error-details``), else decoded. A field read that fails settles it."""
+    if filters.ids is not None:
+        if (message_id := raw_string(data, b"message_id")) is None:
+            return _may_match(data, filters)
+        if message_id not in filters.ids:
+            return False
+    if filters.task_type is not None:
+        if (actor := raw_string(data, b"actor_name")) is None:
+            return _may_match(data, filters)
+        if not fnmatchcase(actor, filters.task_type):
+            return False
+    if filters.error_type is not None:
+        if (error := raw_error_type(data)) is None:
+            return _may_match(data, filters)
+        return fnmatchcase(error, filters.error_type)
+    return True
 
 
 def _may_match(data: bytes, filters: DeadLetterFilter) -> bool:

@@ -106,6 +106,10 @@ class Publisher:
             if exchange:
                 self.parking.forget_levels()  # declared again on the next try
             raise
+        if exchange:  # parked: AMQP cannot list the levels, so the console keeps an index
+            from dramatiq_ext._waiting import index_parked  # (it imports the middleware)
+
+            index_parked(broker, message)
         broker.emit_after("enqueue", message, delay)
 
     def _channel(self, broker: Any) -> Any:

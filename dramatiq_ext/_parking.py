@@ -31,7 +31,9 @@ countdown; parking only changes where the message waits.
   and broker. ``<queue>.DQ`` is bound to the delivery exchange before each park,
   and the message is published to the top level with the hand-off's publisher
   confirms, ``mandatory`` (a level deleted under us returns it: an error, tried
-  again). One set of levels serves every queue and any delay up to 2**28 s.
+  again). One set of levels serves every queue and any delay up to 2**28 s. AMQP
+  cannot list the levels, so ``_handoff`` also notes each parked retry in the console's
+  index (``_waiting.index_parked``: one round trip to the records' Redis, if they are there).
 
 A wait not over the threshold, the stub broker, or RabbitMQ levels that cannot be
 declared (other arguments, a broker older than 3.10: logged, tried again after

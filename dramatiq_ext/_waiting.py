@@ -1,52 +1,55 @@
 """Where a Dramatiq setup keeps its waiting retries, for the console (``ojs_adapters.browse``).
 
-- **Redis, parked** (``_parking``): the sorted set ``<ns>:_ojs.parked``, one member
-  ``[<queue>.DQ, redis id, message]`` per retry longer than ``park_after``, scored
-  by its ``eta``. Paged on the broker, soonest first; *retry now* moves the message
-  into ``<queue>.DQ`` with its ``eta`` set to now (as the mover does when it falls
-  due), *discard* removes it and marks the record discarded; one atomic step each.
-- **Redis, delayed**: shorter retries sit in ``<ns>:<queue>.DQ`` (their data in
-  ``.DQ.msgs``) where a worker fetches them at once and holds them until their eta:
-  listed from the ``.msgs`` hashes, not actionable (a worker owns them).
-- **RabbitMQ**: parked retries wait inside the delay levels' TTL queues, delayed
-  ones unacked in a worker: AMQP counts the first (and the ``.DQ`` messages no
-  worker took yet) and can neither list nor move them. The workers' reported
-  decisions (``ojs_adapters.stats``) list them.
+- **Redis, parked** (``_parking``): the sorted set ``<ns>:_ojs.parked`` (members
+  ``[<queue>.DQ, redis id, message]``, scored by ``eta``), paged on the broker. *Retry
+  now* moves a message into ``<queue>.DQ`` with its ``eta`` now (as the mover does when
+  due); *discard* removes it and marks the record discarded; one atomic step each.
+- **Redis, delayed**: shorter retries in ``<ns>:<queue>.DQ``, which a worker fetches at
+  once and holds until due: listed (``.DQ.msgs``), not actionable.
+- **RabbitMQ, parked**: in the delay levels' TTL queues, which AMQP can count but not
+  list or take from; so the worker that parks a retry also notes it (``index_parked``,
+  one round trip) in an *index* beside the job records (``<record prefix>:_ojs.parked``
+  in their Redis, members as in the Redis set). *Retry now* publishes a copy (a fresh
+  ``ojs_token``, no ``eta``) to the queue; the parked original, when due, finds its
+  attempt claimed by the copy and is dropped unrun as a duplicate (``judge_delivery``),
+  counting no attempt. *Discard* claims the attempt for the operator and marks the
+  record discarded: the original is dropped the same way. With records not in Redis
+  (no index) the workers' reported decisions list them. **Delayed**: counted, unlisted.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import logging
 import time
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from dramatiq.common import dq_name, q_name
 from dramatiq.message import Message
 
+from dramatiq_ext._handoff import TOKEN_OPTION
 from dramatiq_ext._parking import PARKED_KEY
 from dramatiq_ext._state import MessageState
-from ojs_adapters.browse import (
-    DECIDED,
-    WaitingFilter,
-    WaitingPage,
-    WaitingRetry,
-    WaitingSource,
-    decided_page,
-    decided_source,
-)
+from dramatiq_ext.middleware import OjsRetries
+from dramatiq_ext.stores import RedisRecordStore, claim
+from ojs_adapters import browse
+from ojs_adapters.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
 from ojs_adapters.delay_levels import BITS
+from ojs_adapters.handoff import HEADER_NAMES, attempt_id
 from ojs_adapters.history import JobRecord, iso_utc, utc_now
 from ojs_adapters.runtime.parked_scan import ParkedSetScan
 from ojs_adapters.stats import StatsReader
 
-#: The actor name in an encoded message (Dramatiq's JSON: a plain name, no escapes).
-_ACTOR = re.compile(r'"actor_name":\s*"([^"\\]*)"')
+logger = logging.getLogger(__name__)
+
 #: Record ``end_reason`` of a retry an operator discarded.
 DISCARDED_BY_OPERATOR = "discarded by an operator"
+#: The claim an operator's *discard* takes on the attempt (``<copy>|<delivery>``).
+DISCARD_CLAIM = "discarded-by-operator|console"
 
 #: KEYS[1] the parked set; ARGV[1] the namespace, then (member, queue, redis id, data)
 #: quadruples: each member still parked is removed and enqueued on its queue as
@@ -65,31 +68,68 @@ return moved
 """
 
 
+class Index(NamedTuple):
+    """The RabbitMQ parked-retry index beside a record store: its Redis client, its key,
+    and the Redis key of an attempt's claim (``stores``)."""
+
+    client: Any
+    key: str
+    claim_key: Callable[[str], Any]
+
+
+def index_of(store: Any) -> Index | None:
+    """The index beside the records of ``store`` (``None``: they are not in Redis)."""
+    if isinstance(store, RedisRecordStore):
+        return Index(store.client, f"{store.prefix}:{PARKED_KEY}",
+                     lambda key: f"{store.prefix}:claim:{key}")
+    backend: Any = getattr(store, "backend", None)
+    if not hasattr(getattr(backend, "client", None), "zadd"):
+        return None
+    from dramatiq_ext.stores import _RESULTS_QUEUE, _RecordKey  # as ``ResultsRecordStore``
+
+    return Index(backend.client, f"{backend.namespace}:ojs-record:{PARKED_KEY}", lambda key:
+                 backend.build_message_key(_RecordKey(_RESULTS_QUEUE, "ojs-claim", key)))
+
+
+def index_parked(broker: Any, message: Message[Any]) -> None:
+    """Note a ``message`` parked in the RabbitMQ delay levels in the index (one round
+    trip); a failure is logged, never raised: the retry is parked already."""
+    try:
+        ojs = next((m for m in broker.middleware if isinstance(m, OjsRetries)), None)
+        if ojs is not None and (index := index_of(ojs.store_for(broker))) is not None:
+            member = json.dumps([message.queue_name, "", message.encode().decode()])
+            browse.add_to_index(index.client, index.key, member,
+                                float(message.options["eta"]) / 1000)
+    except Exception:
+        logger.warning("Could not note a parked retry in the console's index.", exc_info=True)
+
+
 class DramatiqRetryView(ParkedSetScan):
     """``RetryView`` of a Dramatiq broker (see the module docstring)."""
 
     def __init__(self, broker: Any, queues: Sequence[str], records: Any, *,
                  levels: str = "ojs_dramatiq_delayed", stats: StatsReader | None = None,
-                 max_attempts: Any = None) -> None:
-        self.broker = broker
-        self.queues = list(queues)
-        self.records = records  # a RecordStore (dict records by message id)
-        self.levels = levels
-        self.stats = stats
+                 max_attempts: Any = None, channel: Callable[[], Any] | None = None,
+                 sizes: Callable[[list[str]], dict[str, int]] = lambda names: {}) -> None:
+        self.broker, self.queues, self.records = broker, list(queues), records
+        self.levels, self.stats = levels, stats
+        self.channel, self.sizes = channel, sizes  # RabbitMQ: a new channel; queue sizes
         self.max_attempts = max_attempts or (lambda actor, message: None)
-        self.redis = broker.client if type(broker).__name__ == "RedisBroker" else None
+        self.amqp = type(broker).__name__ != "RedisBroker"
+        self.index = index_of(records) if self.amqp else None
+        # the parked set's client: the broker's, or the index's (None: neither)
+        self.redis = broker.client if not self.amqp else self.index and self.index.client
         self.namespace = getattr(broker, "namespace", "")
-        self._move = self.redis.register_script(_MOVE_NOW) if self.redis is not None else None
+        self._move = None if self.amqp else self.redis.register_script(_MOVE_NOW)
 
     @property
     def parked_key(self) -> str:
-        return f"{self.namespace}:{PARKED_KEY}"
+        return self.index.key if self.index else f"{self.namespace}:{PARKED_KEY}"
 
     def sources(self) -> list[WaitingSource]:
-        if self.redis is None:
-            return [*self._amqp_counts(), decided_source(
-                self.stats, "dramatiq", "Parked and delayed retries cannot be listed over "
-                "AMQP.")]
+        if self.amqp:
+            return [*self._amqp_counts(), browse.decided_source(
+                self.stats, "dramatiq", "Delayed retries cannot be listed over AMQP.")]
         return [
             WaitingSource("parked", "Parked on Redis", listable=True, actionable=True,
                           count=int(self.redis.zcard(self.parked_key)),
@@ -104,104 +144,123 @@ class DramatiqRetryView(ParkedSetScan):
         ]
 
     def _amqp_counts(self) -> list[WaitingSource]:
-        import pika
-        from pika.exceptions import ChannelClosedByBroker
-
-        parked = delayed = 0
-        connection = pika.BlockingConnection(self.broker.parameters)
-        try:
-            names = [(f"{self.levels}_{n}", True) for n in range(BITS)]
-            names += [(dq_name(q), False) for q in self.queues]
-            for name, is_level in names:
-                channel = connection.channel()
-                try:
-                    count = channel.queue_declare(name, passive=True).method.message_count
-                except ChannelClosedByBroker:  # not declared: nothing waits there
-                    continue
-                finally:
-                    if channel.is_open:
-                        channel.close()
-                if is_level:
-                    parked += int(count)
-                else:
-                    delayed += int(count)
-        finally:
-            connection.close()
-        return [
-            WaitingSource("parked", "Parked in the RabbitMQ delay levels", listable=False,
-                          actionable=False, count=parked,
-                          note=f"Messages inside the TTL queues {self.levels}_0..27 cannot "
-                               "be read or moved without consuming them."),
-            WaitingSource("delayed", "In the delay queues", listable=False, actionable=False,
-                          count=delayed,
-                          note="Ready messages in <queue>.DQ that no worker took yet; the "
-                               "ones a worker holds until due are not counted by AMQP."),
-        ]
+        levels = [f"{self.levels}_{n}" for n in range(BITS)]
+        sizes = self.sizes(levels + [dq_name(q) for q in self.queues])
+        counts = {True: 0, False: 0}  # in the levels, in the .DQ queues
+        for name, size in sizes.items():
+            counts[name in levels] += size
+        where = f"the TTL queues {self.levels}_0..27 ({counts[True]} messages)"
+        parked = WaitingSource(
+            "parked", "Parked in the RabbitMQ delay levels", listable=False, actionable=False,
+            count=counts[True], note=f"Messages in {where} cannot be read or moved without "
+            "consuming them, and with records not in Redis the workers keep no index of them.")
+        if self.redis is not None:
+            parked = replace(parked, listable=True, actionable=True, count=int(
+                self.redis.zcount(self.parked_key, time.time() - browse.INDEX_GRACE, "+inf")),
+                note=f"Listed from the index the workers keep beside the job records; {where} "
+                "keep an original whose retry ran early or was discarded until due, then drop it.")
+        return [parked, WaitingSource(
+            "delayed", "In the delay queues", listable=False, actionable=False,
+            count=counts[False], note="Ready messages in <queue>.DQ that no worker took yet; "
+            "the ones a worker holds until due are not counted by AMQP.")]
 
     def page(self, source: str, filters: WaitingFilter, *, page: int = 1,
              per_page: int = 50) -> WaitingPage:
-        if source == DECIDED and self.stats is not None:
-            return decided_page(self.stats, "dramatiq", filters, page=page, per_page=per_page)
-        start = (page - 1) * per_page
-        if source == "delayed" and self.redis is not None:
+        if source == browse.DECIDED and self.stats is not None:
+            return browse.decided_page(self.stats, "dramatiq", filters, page=page,
+                                       per_page=per_page)
+        if source == "delayed" and not self.amqp:
+            start = (page - 1) * per_page
             found = sorted((x for x in self._delayed() if filters.matches(x)),
                            key=lambda x: x.due_at or datetime.min.replace(tzinfo=timezone.utc))
             return WaitingPage(tuple(found[start:start + per_page]), page, per_page, len(found))
         if source != "parked" or self.redis is None:
             return WaitingPage((), page, per_page, 0)
-        if filters == WaitingFilter():
-            with self.redis.pipeline(transaction=False) as pipe:
-                pipe.zcard(self.parked_key)
-                pipe.zrange(self.parked_key, start, start + per_page - 1, withscores=True)
-                total, pairs = pipe.execute()
-            return WaitingPage(tuple(self._parked(m, s) for m, s in pairs), page, per_page,
-                               int(total))
-        total, kept = 0, []
-        for member, score in self._scan(_needles(filters)):
-            if self._matches(member, filters):  # a light read; the page is decoded whole
-                if start <= total < start + per_page:
-                    kept.append(self._parked(member, score))
-                total += 1
-        return WaitingPage(tuple(kept), page, per_page, total)
+        # the index keeps entries a while after they came due (and ran): not listed
+        low = time.time() - browse.INDEX_GRACE if self.amqp else float("-inf")
+        return self._page(filters, _needles(filters), low=low, page=page, per_page=per_page)
 
     def retry_now(self, source: str, ids: Sequence[str]) -> int:
-        if source != "parked" or self._move is None:
+        if source != "parked" or self.redis is None:
             return 0
+        self._forget(ids)
+        if self.amqp:
+            return len(self._act(ids, self._publish_copy))
         args: list[str | bytes] = [self.namespace]
         now = int(time.time() * 1000)
         for member, _score in self._members(ids):
             queue, redis_id, data = json.loads(member)
-            message = Message.decode(data.encode())
-            message = message.copy(options={"eta": now})
+            message = Message.decode(data.encode()).copy(options={"eta": now})
             args += [member, queue, redis_id, message.encode()]
-        return int(self._move(keys=[self.parked_key], args=args)) if len(args) > 1 else 0
+        return int(self._move(keys=[self.parked_key], args=args)) if len(args) > 1 else 0  # type: ignore[misc]
 
     def discard(self, source: str, ids: Sequence[str]) -> int:
         if source != "parked" or self.redis is None:
             return 0
-        removed = 0
-        for member, _score in self._members(ids):
-            if self.redis.zrem(self.parked_key, member):
-                removed += 1
-                self._mark_discarded(self._parked(member, 0.0).id)
-        return removed
+        self._forget(ids)
+        done = self._act(ids, self._claim_for_operator if self.amqp else lambda m, s: True)
+        for member in done:
+            self._mark_discarded(self._parked(member, 0.0).id)
+        return len(done)
+
+    def _publish_copy(self, member: bytes, _due: float) -> bool:
+        """A copy of a RabbitMQ parked retry, due now, on its queue (see the docstring)."""
+        import pika
+
+        assert self.index is not None
+        message, key = self._attempt(member)
+        if self.index.client.exists(self.index.claim_key(key)):
+            return False  # the attempt ran (or runs) already: nothing to hurry
+        options = {k: v for k, v in message.options.items() if k != "eta"}
+        copy = replace(message, queue_name=q_name(message.queue_name),
+                       options={**options, TOKEN_OPTION: uuid.uuid4().hex})
+        headers = {k: options[k] for k in HEADER_NAMES if options.get(k) is not None}
+        assert self.channel is not None
+        channel = self.channel()
+        try:
+            channel.confirm_delivery()
+            channel.basic_publish(  # raises on a nack or a return (mandatory)
+                exchange="", routing_key=copy.queue_name, body=copy.encode(), mandatory=True,
+                properties=pika.BasicProperties(delivery_mode=2, headers=headers,
+                                                priority=options.get("broker_priority")))
+        finally:
+            if channel.is_open:
+                channel.close()
+        return True
+
+    def _claim_for_operator(self, member: bytes, due: float) -> bool:
+        """Claim the attempt for the discard: the parked original is dropped when due."""
+        ttl = int(max(getattr(self.records, "ttl", 0), (due - time.time() + 3600) * 1000))
+        return claim(self.records, self._attempt(member)[1], DISCARD_CLAIM, ttl) == "new"
+
+    def _attempt(self, member: bytes) -> tuple[Message[Any], str]:
+        """A member's message and the claim key of the attempt it runs (``middleware``)."""
+        message = Message.decode(json.loads(member)[2].encode())
+        state = MessageState.of(message.options)
+        key = attempt_id(message.message_id, state.attempt)
+        return message, f"{key}/replay{state.replay_count}" if state.replay_count else key
+
+    def _forget(self, ids: Sequence[str]) -> None:
+        if self.stats is not None:  # no longer waiting: off the reported list too
+            self.stats.forget("dramatiq", ids)
 
     def _mark_discarded(self, job_id: str) -> None:
-        data = self.records.load(job_id)
-        if not data:
-            return
-        record = JobRecord.from_dict(data)
-        record = replace(record, state="discarded", outcome="discarded", next_retry_at=None,
-                         updated_at=iso_utc(utc_now()),
-                         extra={**record.extra, "end_reason": DISCARDED_BY_OPERATOR})
-        self.records.save(job_id, record.to_dict())
+        if data := self.records.load(job_id):
+            record = JobRecord.from_dict(data)
+            self.records.save(job_id, replace(
+                record, state="discarded", outcome="discarded", next_retry_at=None,
+                updated_at=iso_utc(utc_now()),
+                extra={**record.extra, "end_reason": DISCARDED_BY_OPERATOR}).to_dict())
 
     def _matches(self, member: bytes, filters: WaitingFilter) -> bool:
-        queue, _redis_id, data = json.loads(member)
-        actor = _ACTOR.search(data)  # the message's own JSON: no full decode
+        end = member.find(b'"', 2)  # the first item, the .DQ queue, and the actor: raw
+        queue = member[2:end].decode() if b"\\" not in member[:end] else None
+        actor = browse.raw_string(member, b"actor_name", escaped=True)
+        if queue is None or actor is None:
+            queue, _redis_id, data = json.loads(member)
+            actor = str(json.loads(data).get("actor_name"))
         return filters.matches(WaitingRetry(
-            "", actor.group(1) if actor else "", q_name(queue), 0, None, None, None, None,
-            "parked"))
+            "", actor, q_name(queue), 0, None, None, None, None, "parked"))
 
     def _parked(self, member: bytes, score: float) -> WaitingRetry:
         queue, _redis_id, data = json.loads(member)

@@ -21,6 +21,7 @@ keeps them. A place that cannot be listed or acted on says so
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -29,6 +30,7 @@ from importlib.metadata import entry_points
 from typing import Any, NamedTuple, Protocol
 
 from ojs_adapters.dlq import DeadLetter, DeadLetterFilter, DeadLetterQueue, Page
+from ojs_adapters.handoff import ERROR_DETAILS_HEADER
 from ojs_adapters.history import JobRecord
 from ojs_adapters.stats import StatsReader
 
@@ -36,6 +38,10 @@ from ojs_adapters.stats import StatsReader
 ENTRY_POINT_GROUP = "ojs_adapters.console"
 #: The source of waiting retries read from the workers' decisions (``ojs_adapters.stats``).
 DECIDED = "decided"
+#: Seconds an entry of a parked-retry index stays after it fell due (trimmed on write).
+INDEX_KEEP = 3600.0
+#: Seconds after its due time an index entry is still listed (its message may be arriving).
+INDEX_GRACE = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,12 +202,6 @@ def open_console_backend(framework: str, *, app: str | None = None, broker: str 
     return opener(app=app, broker=broker, queues=queues, options=options or {})
 
 
-def paged(items: Sequence[WaitingRetry], number: int, size: int) -> WaitingPage:
-    """``items`` (already filtered and sorted) cut to page ``number``."""
-    start = (number - 1) * size
-    return WaitingPage(tuple(items[start:start + size]), number, size, len(items))
-
-
 def decided_source(stats: StatsReader | None, framework: str, where: str) -> WaitingSource:
     """The waiting retries the workers reported (``ojs_adapters.stats``), for a setup whose
     broker cannot list them; ``where`` says where they really wait."""
@@ -231,3 +231,70 @@ def decided_page(stats: StatsReader, framework: str, filters: WaitingFilter, *, 
                      due_at=datetime.fromtimestamp(due, timezone.utc), source=DECIDED)
         for job_id, due, info in rows)
     return WaitingPage(items, page, per_page, total)
+
+
+def add_to_index(client: Any, key: str | bytes, member: str, due: float) -> None:
+    """Note a retry parked where the broker cannot list it (RabbitMQ's delay levels) in the
+    sorted set ``key`` of a Redis ``client``, scored by its due time: one round trip, which
+    also trims the entries due more than ``INDEX_KEEP`` s ago."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.zadd(key, {member: due})
+        pipe.zremrangebyscore(key, "-inf", time.time() - INDEX_KEEP)
+        pipe.execute()
+
+
+def raw_string(raw: bytes, key: bytes, *, escaped: bool = False) -> str | None:
+    """The string value of the JSON key ``key`` in the JSON text ``raw``, read without
+    decoding it (a filter over 10,000 messages reads one field of each, not the whole).
+
+    ``escaped``: the key sits in a JSON text that is itself a string value (``\\"key\\":``).
+    ``None`` (decode the text then) unless ``key`` occurs exactly once and its value is a
+    string that needs no unescaping.
+
+    >>> raw_string(b'{"task": "a.b", "x": {"k": 1}}', b"task"), raw_string(b'{"k": 1}', b"k")
+    ('a.b', None)
+    >>> raw_string(b'{"h": "{\\\\"at\\\\":\\\\"2026\\\\"}"}', b"at", escaped=True)
+    '2026'
+    """
+    quote = b'\\"' if escaped else b'"'
+    needle = quote + key + quote + b":"
+    at = raw.find(needle)
+    if at < 0 or raw.find(needle, at + 1) >= 0 or raw[at - 1:at] == b"\\":
+        return None
+    start = at + len(needle)
+    if raw[start:start + 1] == b" ":
+        start += 1
+    if raw[start:start + len(quote)] != quote:
+        return None
+    start += len(quote)
+    end = raw.find(quote, start)
+    value = raw[start:end]
+    if end < 0 or b"\\" in value:
+        return None
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def raw_error_type(raw: bytes) -> str | None:
+    """The last error's type in a raw message that carries the ``x-ojs-error-details``
+    header (Celery) or option (Dramatiq), read as ``raw_string`` reads; else ``None``.
+
+    >>> raw_error_type(b'{"x-ojs-error-details": "{\\\\"type\\\\":\\\\"net.Down\\\\"}"}')
+    'net.Down'
+    """
+    needle = b'"' + ERROR_DETAILS_HEADER.encode() + b'":'
+    at = raw.find(needle)
+    if at < 0 or raw.find(needle, at + 1) >= 0:
+        return None
+    start = at + len(needle)
+    if raw[start:start + 1] == b" ":
+        start += 1
+    head = b'"{\\"type\\":\\"'
+    if raw[start:start + len(head)] != head:
+        return None
+    start += len(head)
+    end = raw.find(b'\\"', start)
+    value = raw[start:end]
+    return None if end < 0 or b"\\" in value else value.decode(errors="replace")

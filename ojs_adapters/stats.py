@@ -28,7 +28,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -226,8 +226,7 @@ class StatsReader:
     """Reads the hashes ``DecisionStats`` writes."""
 
     def __init__(self, client: Any, *, prefix: str = DEFAULT_PREFIX) -> None:
-        self.client = client
-        self.prefix = prefix
+        self.client, self.prefix = client, prefix
 
     def minutes(self, first: int, last: int, framework: str) -> dict[int, list[Count]]:
         """Counts per minute number (POSIX minutes) in ``first..last``: one round trip."""
@@ -245,13 +244,9 @@ class StatsReader:
             found = pipe.execute()
         out: dict[int, list[Count]] = {}
         for n, data in zip(numbers, found, strict=True):
-            cells = []
-            for raw, value in data.items():
-                parts = (raw.decode() if isinstance(raw, bytes) else raw).split(SEP)
-                if len(parts) == 5 and parts[0] == framework:
-                    fw, task, queue, decision, error_type = parts
-                    cells.append(Count(fw, task, queue, decision, error_type, int(value)))
-            out[n] = cells
+            cells = [(_text(raw).split(SEP), int(value)) for raw, value in data.items()]
+            out[n] = [Count(p[0], p[1], p[2], p[3], p[4], value) for p, value in cells
+                      if len(p) == 5 and p[0] == framework]  # framework␟task␟queue␟...
         return out
 
     def waiting(self, framework: str, *, offset: int, count: int, queue: str | None = None,
@@ -284,6 +279,15 @@ class StatsReader:
             if len(pairs) < _CHUNK:
                 return total, rows
             start += _CHUNK
+
+    def forget(self, framework: str, ids: Sequence[str]) -> None:
+        """Drop jobs ``ids`` from the waiting index (an operator ran or discarded them)."""
+        if ids:
+            index, info = waiting_keys(self.prefix, framework)
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.zrem(index, *ids)
+                pipe.hdel(info, *ids)
+                pipe.execute()
 
     def _rows(self, info: str, pairs: list[Any]) -> list[tuple[str, float, dict[str, Any]]]:
         ids = [_text(k) for k, _ in pairs]

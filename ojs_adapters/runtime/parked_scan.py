@@ -3,15 +3,16 @@
 Both adapters park a long retry in a sorted set scored by its due time (their
 ``_parking`` modules); the console finds members by job id (``ZSCAN MATCH``, the id
 is in the member's text) or scans the set in rank order, a chunk per round trip,
-keeping what holds every needle. The adapters say how a member reads (``_parked``).
+keeping what holds every needle; ``_page`` pages it. The adapters say how a member
+reads (``_parked``, and lightly ``_matches``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ojs_adapters.browse import WaitingRetry
+from ojs_adapters.browse import WaitingFilter, WaitingPage, WaitingRetry
 
 #: Members read per round trip while filtering the parked set.
 CHUNK = 1000
@@ -27,7 +28,8 @@ def glob_escape(text: str) -> str:
 
 
 class ParkedSetScan:
-    """Mixin: ``_members`` and ``_scan`` over ``parked_key`` with the client ``redis``."""
+    """Mixin: ``_page``, ``_members``, ``_act`` and ``_scan`` over ``parked_key`` with the
+    client ``redis``."""
 
     redis: Any
 
@@ -40,6 +42,52 @@ class ParkedSetScan:
         """How one member of the set reads (the adapter's envelope)."""
         raise NotImplementedError
 
+    def _matches(self, member: bytes, filters: WaitingFilter) -> bool:
+        """Whether one member passes ``filters`` (read lightly: the page is decoded whole)."""
+        raise NotImplementedError
+
+    def _page(self, filters: WaitingFilter, needles: list[bytes], *, low: float, page: int,
+              per_page: int) -> WaitingPage:
+        """Page ``page`` of the members due from ``low`` on that pass ``filters``: ranges
+        on the server without a filter, else ``_scan`` with only the page decoded."""
+        start = (page - 1) * per_page
+        if filters == WaitingFilter():
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zcount(self.parked_key, low, "+inf")
+                pipe.zrangebyscore(self.parked_key, low, "+inf", start=start, num=per_page,
+                                   withscores=True)
+                total, pairs = pipe.execute()
+            return WaitingPage(tuple(self._parked(m, s) for m, s in pairs), page, per_page,
+                               int(total))
+        total, kept = 0, []
+        for member in self._scan(needles, low):
+            if self._matches(member, filters):
+                if start <= total < start + per_page:
+                    kept.append(member)
+                total += 1
+        with self.redis.pipeline(transaction=False) as pipe:  # the page's scores only
+            for member in kept:
+                pipe.zscore(self.parked_key, member)
+            scores = pipe.execute() if kept else []
+        return WaitingPage(tuple(self._parked(m, float(s)) for m, s in zip(
+            kept, scores, strict=True) if s is not None), page, per_page, total)
+
+    def _act(self, ids: Sequence[str], step: Callable[[bytes, float], bool]) -> list[bytes]:
+        """Take each parked member of jobs ``ids`` off the set (of two callers, one gets
+        it) and run ``step`` on it; a member whose ``step`` raises goes back. The members
+        whose ``step`` said it was done."""
+        done = []
+        for member, score in self._members(ids):
+            if not self.redis.zrem(self.parked_key, member):
+                continue
+            try:
+                if step(member, score):
+                    done.append(member)
+            except Exception:
+                self.redis.zadd(self.parked_key, {member: score})
+                raise
+        return done
+
     def _members(self, ids: Sequence[str]) -> Iterator[tuple[bytes, float]]:
         """The parked members of jobs ``ids`` (found by the server: ``ZSCAN MATCH``)."""
         assert self.redis is not None
@@ -50,15 +98,17 @@ class ParkedSetScan:
                 if self._parked(member, score).id == job_id:
                     yield member, score
 
-    def _scan(self, needles: list[bytes]) -> Iterator[tuple[bytes, float]]:
-        """Every parked member containing all ``needles``, soonest first, a chunk at a time."""
+    def _scan(self, needles: list[bytes], low: float = float("-inf")) -> Iterator[bytes]:
+        """Every member due from ``low`` on that contains all ``needles``, soonest first, a
+        chunk at a time (no scores: each would cost a parse per member)."""
         assert self.redis is not None
         start = 0
         while True:
-            pairs = self.redis.zrange(self.parked_key, start, start + CHUNK - 1, withscores=True)
-            for member, score in pairs:
+            members = self.redis.zrangebyscore(self.parked_key, low, "+inf", start=start,
+                                               num=CHUNK)
+            for member in members:
                 if all(n in member for n in needles):
-                    yield member, score
-            if len(pairs) < CHUNK:
+                    yield member
+            if len(members) < CHUNK:
                 return
             start += CHUNK

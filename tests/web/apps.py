@@ -8,14 +8,16 @@ and record stores.
 
 Every task fails while its job number is not in ``HEALED`` (in the worker's
 process): ``doomed`` dead-letters at once, ``slow`` asks for a retry in 120 s
-(parked on the broker), ``quick`` retries in 0.2 s; each error message carries
-markup that must be shown as text.
+(parked on the broker), ``brisk`` for one in 8 s (parked too: the cells park
+anything over ``PARK_AFTER`` s); each error message carries markup that must be
+shown as text. ``RUNS`` counts the runs of each job number.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -27,12 +29,18 @@ from tests.brokers import AMQP_URL, REDIS_URL
 MARKUP = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
 #: Job numbers whose next run succeeds (set by the tests; read in the workers).
 HEALED: set[int] = set()
+#: Runs of each job number (in the workers, which run in the test process).
+RUNS: Counter[int] = Counter()
 _LOCK = threading.Lock()
+#: Seconds over which a cell's retries are parked (the default, 60, would leave ``brisk``
+#: waiting in a worker).
+PARK_AFTER = 2
 
 DOOMED_POLICY = {"max_attempts": 2, "initial_interval": "PT0.1S", "jitter": False,
                  "on_exhaustion": "dead_letter"}
 SLOW_POLICY = {"max_attempts": 3, "initial_interval": "PT120S", "jitter": False,
                "on_exhaustion": "dead_letter"}
+BRISK_POLICY = {**SLOW_POLICY, "initial_interval": "PT8S"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ class Cell:
 
 def fail_unless_healed(n: int, error_type: str) -> str:
     with _LOCK:
+        RUNS[n] += 1
         if n in HEALED:
             return "ok"
     raise JobError(error_type, f"job {n} failed: {MARKUP}")
@@ -77,14 +86,19 @@ def celery_app_for(cell: Cell) -> Any:
     app.conf.update(broker_transport_options=options, task_default_queue=cell.queue,
                     result_backend_transport_options={"global_keyprefix": cell.prefix + ":"},
                     result_expires=3600, broker_connection_retry_on_startup=True,
-                    worker_hijack_root_logger=False, ojs_park_poll_interval=0.2)
+                    worker_hijack_root_logger=False, ojs_park_poll_interval=0.2,
+                    ojs_park_after=PARK_AFTER)
 
-    @app.task(name="web.doomed", retry_policy=DOOMED_POLICY, shared=False)
+    @app.task(name="web.doomed", retry_policy=DOOMED_POLICY, shared=False)  # type: ignore[untyped-decorator]
     def doomed(n: int) -> str:
         return fail_unless_healed(n, "billing.Declined")
 
-    @app.task(name="web.slow", retry_policy=SLOW_POLICY, shared=False)
+    @app.task(name="web.slow", retry_policy=SLOW_POLICY, shared=False)  # type: ignore[untyped-decorator]
     def slow(n: int) -> str:
+        return fail_unless_healed(n, "net.Timeout")
+
+    @app.task(name="web.brisk", retry_policy=BRISK_POLICY, shared=False)  # type: ignore[untyped-decorator]
+    def brisk(n: int) -> str:
         return fail_unless_healed(n, "net.Timeout")
 
     return app
@@ -99,7 +113,7 @@ def dramatiq_broker_for(cell: Cell) -> Any:
 
     broker, _client = build_broker("redis" if cell.kind == "redis" else "rabbitmq",
                                    cell.prefix, redis_url=REDIS_URL, amqp_url=AMQP_URL)
-    broker.add_middleware(OjsRetries())
+    broker.add_middleware(OjsRetries(park_after=PARK_AFTER))
 
     def doomed(n: int) -> str:
         return fail_unless_healed(n, "billing.Declined")
@@ -107,10 +121,12 @@ def dramatiq_broker_for(cell: Cell) -> Any:
     def slow(n: int) -> str:
         return fail_unless_healed(n, "net.Timeout")
 
-    dramatiq.actor(doomed, broker=broker, queue_name=cell.queue, actor_name="web_doomed",
+    dramatiq.actor(doomed, broker=broker, queue_name=cell.queue, actor_name="web_doomed",  # type: ignore[call-overload]
                    retry_policy=DOOMED_POLICY)
-    dramatiq.actor(slow, broker=broker, queue_name=cell.queue, actor_name="web_slow",
+    dramatiq.actor(slow, broker=broker, queue_name=cell.queue, actor_name="web_slow",  # type: ignore[call-overload]
                    retry_policy=SLOW_POLICY)
+    dramatiq.actor(slow, broker=broker, queue_name=cell.queue, actor_name="web_brisk",  # type: ignore[call-overload]
+                   retry_policy=BRISK_POLICY)
     return broker
 
 

@@ -2,13 +2,15 @@
 
 A ``Running`` cell has workers on its own queues and prefixes (Celery's in-process
 worker, or a ``dramatiq.Worker``), statistics flushed every 0.3 s under a prefix of
-its own, jobs that failed (two dead letters, one parked retry), and two servers:
-``rw`` with an operator token and ``ro`` without.
+its own, jobs that failed (two dead letters, one parked retry: on RabbitMQ, counted in
+the console's index of the delay levels), and two servers: ``rw`` with an operator
+token and ``ro`` without. ``send(task, n)`` sends one more job.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import socket
@@ -28,7 +30,7 @@ import pytest
 from ojs_adapters import JobRecord
 from ojs_adapters.stats import disable_stats, enable_stats
 from tests.brokers import AMQP_URL, REDIS_URL, brokers_required
-from tests.web.apps import HEALED, Cell, celery_app_for, dramatiq_broker_for
+from tests.web.apps import HEALED, RUNS, Cell, celery_app_for, dramatiq_broker_for
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The operator token of the read-write servers.
@@ -56,6 +58,31 @@ def need_browser() -> None:
     if brokers_required():
         pytest.fail(f"{missing}, and CI=true / OJS_REQUIRE_BROKERS=1 forbid skipping")
     pytest.skip(missing)
+
+
+@contextmanager
+def logged() -> Iterator[list[logging.LogRecord]]:
+    """The log records of the workers (in this process) while the block runs: the
+    adapters' INFO and up, everything's WARNING and up."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep(logging.INFO)
+    adapters = [logging.getLogger(name) for name in ("celery_ext", "dramatiq_ext")]
+    levels = [x.level for x in adapters]
+    root = logging.getLogger()
+    root.addHandler(handler)
+    for logger in adapters:
+        logger.setLevel(logging.INFO)
+    try:
+        yield records
+    finally:
+        root.removeHandler(handler)
+        for logger, level in zip(adapters, levels, strict=True):
+            logger.setLevel(level)
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
@@ -130,6 +157,7 @@ class Running:
     record: Callable[[str], JobRecord | None]
     dead_count: Callable[[], int]
     parked_count: Callable[[], int]
+    send: Callable[[str, int], str]
     rw: Server
     ro: Server
     cleanup: list[Callable[[], None]] = field(default_factory=list)
@@ -165,6 +193,7 @@ def running(framework: str, kind: str, log_dir: Path) -> Iterator[Running]:
 
     cell = Cell(framework, kind, f"ojs-web-{uuid.uuid4().hex[:8]}")
     HEALED.clear()  # every job of a new cell fails until its test heals it
+    RUNS.clear()
     os.environ["OJS_WEB_TEST_CELL"] = cell.spec
     enable_stats(client=redis.Redis.from_url(REDIS_URL), prefix=f"{cell.prefix}-stats",
                  interval=0.3)
@@ -174,21 +203,20 @@ def running(framework: str, kind: str, log_dir: Path) -> Iterator[Running]:
         stack.callback(_drop, cell, queues)  # last: after the workers and the flusher stop
         stack.callback(disable_stats)
         if framework == "celery":
-            ids, record, dead, parked, _queues = stack.enter_context(_celery(cell))
+            ids, record, dead, parked, send = stack.enter_context(_celery(cell))
         else:
-            ids, record, dead, parked, _queues = stack.enter_context(_dramatiq(cell))
+            ids, record, dead, parked, send = stack.enter_context(_dramatiq(cell))
         wait_for(lambda: dead() == 2, "two dead letters")
         wait_for(lambda: (record(ids[3]) or JobRecord("", "", "", 0)).state == "retryable",
                  "the slow job to wait for its retry")
-        if kind == "redis":
-            wait_for(lambda: parked() == 1, "the slow job's retry to be parked")
+        wait_for(lambda: parked() == 1, "the slow job's retry to be parked")
         rw = start_server(cell, token=True, log_dir=log_dir)
         stack.callback(rw.stop)
         extra = ["--broker", REDIS_URL, "--option", f"namespace={cell.prefix}"] \
             if (framework, kind) == ("dramatiq", "redis") else []
         ro = start_server(cell, token=False, log_dir=log_dir, extra=extra)
         stack.callback(ro.stop)
-        yield Running(cell, ids, record, dead, parked, rw, ro)
+        yield Running(cell, ids, record, dead, parked, send, rw, ro)
 
 
 @contextmanager
@@ -215,16 +243,21 @@ def _celery(cell: Cell) -> Iterator[tuple[Any, ...]]:
                 return 0
 
     def parked() -> int:
+        """Retries parked on Redis, or noted in the console's index on RabbitMQ."""
         import redis
 
-        return int(redis.Redis.from_url(REDIS_URL).zcard(f"{cell.prefix}:_ojs.parked"))
+        from celery_ext._waiting import index_key
+
+        key = f"{cell.prefix}:_ojs.parked" if cell.kind == "redis" else index_key(app)
+        assert key is not None, "no index: the result backend is not Redis"
+        return int(redis.Redis.from_url(REDIS_URL).zcount(key, time.time() - 5, "+inf"))
 
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
                       queues=[cell.queue], loglevel="WARNING", shutdown_timeout=15):
         ids = {n: app.tasks["web.doomed"].delay(n).id for n in (1, 2)}
         ids[3] = app.tasks["web.slow"].delay(3).id
         yield (ids, lambda i: get_job_record(i, app=app), lambda: size(dead_queue), parked,
-               [cell.queue, dead_queue])
+               lambda task, n: app.tasks[f"web.{task}"].delay(n).id)
         worker_state.should_terminate = 0  # wake the consumer loop now (see celery_ext tests)
         app.tasks["web.doomed"].apply_async((99,), queue=cell.queue)
 
@@ -233,7 +266,8 @@ def _celery(cell: Cell) -> Iterator[tuple[Any, ...]]:
 def _dramatiq(cell: Cell) -> Iterator[tuple[Any, ...]]:
     import dramatiq
 
-    from dramatiq_ext import get_job_record
+    from dramatiq_ext import OjsRetries, get_job_record
+    from dramatiq_ext._waiting import index_of
 
     broker = dramatiq_broker_for(cell)
     worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
@@ -248,12 +282,17 @@ def _dramatiq(cell: Cell) -> Iterator[tuple[Any, ...]]:
         channel = broker.channel
         return int(channel.queue_declare(f"{cell.queue}.XQ", passive=True).method.message_count)
 
+    index = index_of(next(m for m in broker.middleware if isinstance(m, OjsRetries))
+                     .store_for(broker))
+    # parked on Redis, or noted in the console's index on RabbitMQ (``_waiting``)
+    assert index is not None, "no index: the records are not in Redis"
+    parked_key = f"{cell.prefix}:_ojs.parked" if cell.kind == "redis" else index.key
     try:
         ids = {n: broker.actors["web_doomed"].send(n).message_id for n in (1, 2)}
         ids[3] = broker.actors["web_slow"].send(3).message_id
         yield (ids, lambda i: get_job_record(i, broker=broker), dead,
-               lambda: int(client.zcard(f"{cell.prefix}:_ojs.parked")),
-               [cell.queue, f"{cell.queue}.DQ", f"{cell.queue}.XQ"])
+               lambda: int(client.zcount(parked_key, time.time() - 5, "+inf")),
+               lambda task, n: broker.actors[f"web_{task}"].send(n).message_id)
     finally:
         worker.stop(timeout=5000)
         broker.close()

@@ -5,8 +5,11 @@ statistics in Redis). In each, workers fail three jobs (two dead-lettered, one
 waiting 120 s for its retry), and the browser checks that the pages show them,
 that markup in an error message stays text, that a POST without the token or the
 CSRF token is refused and changes nothing, that a console without a token has no
-action button, that 'replay' runs a dead job again to completion, and (Redis,
-where parked retries can be moved) that 'retry now' runs a waiting retry early.
+action button, that 'replay' runs a dead job again to completion, that 'retry now'
+runs a waiting retry early, and that after 'retry now' or 'discard' nothing more
+happens: on Redis the retry left the parked set; on RabbitMQ its parked original
+stays in the delay levels until due, and is then dropped unrun (no attempt, no dead
+letter, no warning or error logged).
 
 ``OJS_WEB_SCREENSHOTS=1`` saves the pages of the Celery-on-Redis cell to
 ``docs/screenshots/`` (the README's pictures).
@@ -14,21 +17,24 @@ where parked retries can be moved) that 'retry now' runs a waiting retry early.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.web.apps import HEALED, MARKUP
+from tests.web.apps import BRISK_POLICY, HEALED, MARKUP, RUNS
 from tests.web.support import (
     CHROMIUM,
     CHROMIUM_ARGS,
     ROOT,
     TOKEN,
     Running,
+    logged,
     need_browser,
     running,
     wait_for,
@@ -129,13 +135,12 @@ def test_pages_show_the_jobs_the_workers_failed(cell: Running, page: Any) -> Non
     assert "retryable" in page.inner_text("main")
     shoot(cell, page, "job")
 
-    page.goto(server + "/waiting" + ("" if cell.redis else "?source=decided"))
+    page.goto(server + "/waiting")  # parked: on Redis, or in the RabbitMQ levels' index
     wait_for(lambda: reloaded(page, cell.ids[3]), "the waiting retry")
     row = page.locator(f'#waiting tr[data-id="{cell.ids[3]}"]')
     assert "net.Timeout" in row.inner_text() and "2/3" in row.inner_text()
-    if not cell.redis:  # inside the RabbitMQ delay levels: listed, not actionable
-        assert "not actionable" in page.inner_text("main")
-        assert row.locator(".actions").count() == 0
+    if not cell.redis:
+        assert "Listed from the index" in page.inner_text("main")
     shoot(cell, page, "waiting")
 
 
@@ -172,8 +177,7 @@ def test_a_post_without_the_token_or_the_csrf_token_is_refused(cell: Running) ->
         assert operator.get(url + "/actions/dead-letters").status_code == 405  # POST only
     assert cell.dead_count() == 2
     assert (cell.record(cell.ids[3]) or pytest.fail("no record")).state == "retryable"
-    if cell.redis:
-        assert cell.parked_count() == 1
+    assert cell.parked_count() == 1
 
 
 def test_without_a_token_no_action_button_exists(cell: Running, page: Any) -> None:
@@ -211,9 +215,6 @@ def test_replay_from_the_dead_letters_page_runs_the_job_again(cell: Running,
 
 
 def test_retry_now_runs_a_waiting_retry_early(cell: Running, page: Any) -> None:
-    if not cell.redis:
-        pytest.skip("RabbitMQ keeps parked retries inside TTL queues: listed, not actionable "
-                    "(checked in test_pages_show_the_jobs_the_workers_failed)")
     HEALED.add(3)
     login(page, cell.rw.url)
     page.goto(cell.rw.url + "/waiting?source=parked")
@@ -225,3 +226,71 @@ def test_retry_now_runs_a_waiting_retry_early(cell: Running, page: Any) -> None:
     record = wait_for(lambda: (r := cell.record(cell.ids[3])) and r.state == "completed" and r,
                       "the waiting retry to run now, not in 120 s", timeout=15)
     assert record.attempt == 2 and cell.parked_count() == 0
+    for source in ("parked", "decided"):  # offered as waiting nowhere
+        page.goto(cell.rw.url + f"/waiting?source={source}")
+        assert cell.ids[3] not in page.inner_text("main")
+
+
+#: Seconds a ``brisk`` retry waits.
+BRISK = float(str(BRISK_POLICY["initial_interval"]).strip("PTS"))
+
+
+def _act_on_brisk_job(cell: Running, page: Any, n: int, action: str) -> str:
+    """Send brisk job ``n`` (it fails; its retry is parked for ``BRISK`` s), then
+    ``action`` it from the Waiting retries page as soon as it is listed; its id. The job
+    succeeds from then on."""
+    login(page, cell.rw.url)
+    job = cell.send("brisk", n)
+    page.goto(cell.rw.url + "/waiting?source=parked")
+    wait_for(lambda: reloaded(page, job), "the brisk retry to be listed")
+    assert RUNS[n] == 1
+    HEALED.add(n)
+    page.click(f'#waiting tr[data-id="{job}"] a:has-text("{action}")')
+    page.click("#confirm")
+    return job
+
+
+def _nothing_more_happens(cell: Running, job: str, records: list[logging.LogRecord],
+                          dead: int) -> None:
+    """Past the parked original's due time: on RabbitMQ it came and was dropped as a
+    duplicate; nowhere did it run, count an attempt, dead-letter or log a warning."""
+    if not cell.redis:
+        wait_for(lambda: any(job in r.getMessage() and "duplicate" in r.getMessage().lower()
+                             for r in records),
+                 "the parked original to come due and be dropped", timeout=BRISK + 15)
+    # on Redis, 'retry now' and 'discard' took the retry off the parked set: nothing comes
+    time.sleep(1)  # anything the drop might have set off
+    about = [r for r in records if job in r.getMessage()]
+    assert [r.getMessage() for r in about if r.levelno >= logging.WARNING] == []
+    assert [r.getMessage() for r in records if r.levelno >= logging.ERROR] == []
+    assert cell.dead_count() == dead and cell.parked_count() == 0
+
+
+def test_a_retry_run_early_is_not_run_again_when_it_would_have_come_due(
+        cell: Running, page: Any) -> None:
+    dead = cell.dead_count()
+    job = _act_on_brisk_job(cell, page, 4, "retry now")
+    with logged() as records:
+        assert "1 waiting retry(ies) will run now" in page.inner_text(".notice")
+        wait_for(lambda: (r := cell.record(job)) and r.state == "completed",
+                 "the retry to run now", timeout=BRISK)
+        assert job not in page.inner_text("#waiting")
+        _nothing_more_happens(cell, job, records, dead)
+    record = cell.record(job) or pytest.fail("no record")
+    assert (record.state, record.attempt, [e.attempt for e in record.errors]) == (
+        "completed", 2, [1])
+    assert RUNS[4] == 2
+
+
+def test_discard_drops_a_waiting_retry_for_good(cell: Running, page: Any) -> None:
+    dead = cell.dead_count()
+    job = _act_on_brisk_job(cell, page, 5, "discard")
+    with logged() as records:
+        assert "Discarded 1 waiting retry(ies)" in page.inner_text(".notice")
+        record = cell.record(job) or pytest.fail("no record")
+        assert (record.state, record.outcome, record.attempt) == ("discarded", "discarded", 1)
+        assert job not in page.inner_text("#waiting")
+        _nothing_more_happens(cell, job, records, dead)
+    record = cell.record(job) or pytest.fail("no record")
+    assert (record.state, record.attempt, record.dead_lettered) == ("discarded", 1, False)
+    assert RUNS[5] == 1
