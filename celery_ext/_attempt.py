@@ -30,7 +30,11 @@ the ``Decision``; it makes no choice of its own.
   ordered, ``records``), and only after that does ``Task.retry``'s
   ``Retry`` reach the trace, which acks. If the broker does not accept it, the
   original is requeued (``Reject(requeue=True)``; with the broker gone it simply
-  stays unacked and the broker gives it back). A delivery is judged by
+  stays unacked and the broker gives it back). A retry that cannot be published for
+  a reason other than the broker (kombu cannot encode it, a router raises) is decided
+  again: the job is dead-lettered with a history entry naming why
+  (``_handoff.unpublishable``), saved and reported; only that decision is reported.
+  A delivery is judged by
   ``ojs_adapters.handoff.judge_delivery``: each copy first *claims* its attempt
   (``RecordStore.claim``); a copy that lost the claim, or whose attempt the record
   shows finished and handed off, is dropped (``Ignore``); a redelivered original
@@ -42,6 +46,14 @@ the ``Decision``; it makes no choice of its own.
   counting a lost worker, and is dropped once the outcome is stored (the lease is
   then released). A crashed worker's lease lapses after 6 s; then the redelivery
   counts the lost attempt.
+- **Admission waits are bounded** (the same rule as ``dramatiq_ext``): nothing runs
+  without its lease and its claim. A delivery waits, nothing run, while another live
+  delivery holds the lease or while the store is out of reach, at most
+  ``CLAIM_WAIT_SECONDS`` and never past its shortest time limit less ``LIMIT_MARGIN``
+  (a Celery limit counts from the start of the delivery and cannot be paused: one that
+  fired during the wait would be taken for the attempt's own); then it is given back to
+  the broker unrun (``Reject(requeue=True)``, logged with the task name) and tries again
+  on its next delivery.
 - **Extensions** (issue 10): the job's idempotency key (``ojs`` header, else the
   task id) goes into the record and every retry's header, and ``self.ojs`` shows
   it to the body; a task naming a ``retry_budget`` counts each attempt that runs
@@ -69,10 +81,13 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, Time
 
 from celery_ext._budgets import budget_of
 from celery_ext._handoff import (
+    NOT_THE_BROKER,
     TOKEN_HEADER,
+    Unpublishable,
     confirming_connection,
     new_token,
     replay_round,
+    unpublishable,
     with_retry,
 )
 from celery_ext._headers import HEADER, HeaderState, merged
@@ -108,8 +123,11 @@ JITTER_SETTING = "ojs_jitter_source"
 ERROR_CODE_HEADER = "x-ojs-error-code"
 #: Attribute of the task request holding the running attempt's ``JobContext``.
 CONTEXT_ATTRIBUTE = "ojs_context"
-#: Seconds of a time limit a delivery waiting for another's lease leaves unused.
+#: Seconds of a time limit a waiting delivery leaves unused.
 LIMIT_MARGIN = 0.5
+#: Seconds a delivery waits, nothing run, for another live delivery of its attempt or for an
+#: unreachable store before it is given back to the broker (read at each use: tests shorten it).
+CLAIM_WAIT_SECONDS = 60.0
 #: Renews the leases of the Celery deliveries this process runs (a registry; not
 #: ``_heartbeat``, which keeps Redis deliveries reserved).
 LEASES = Heartbeat()
@@ -178,6 +196,11 @@ class _Run:
         self.started_saved = False  # ``begin`` wrote the ``active`` record with the claim
         self.started_record: JobRecord | None = None  # what ``begin`` tried to write
         self.holder = ""  # this delivery's lease holder, once it took the lease
+        self.waited = False  # said once that this delivery waits
+        limit = self._time_limit()
+        wait = CLAIM_WAIT_SECONDS if limit is None else min(CLAIM_WAIT_SECONDS,
+                                                            limit - LIMIT_MARGIN)
+        self.deadline = time.monotonic() + wait  # past it, an admission wait gives up
         self.released = False  # given up with the outcome's save (one round trip)
         self.base = JobRecord(
             id=self.request.id, type=task.name, queue=self.queue,
@@ -226,34 +249,43 @@ class _Run:
 
     def lease_attempt(self) -> None:
         """Take this delivery's lease on its attempt (``ojs_adapters.leases``), waiting,
-        nothing run, while another live delivery holds it: RabbitMQ hands a running
+        nothing run, while another live delivery holds it (RabbitMQ hands a running
         message out again when the consumer's connection drops, and judged at once it
-        would look like a crash. Returns without the lease once the record shows the
-        attempt over (this delivery is then a duplicate), or if the store keeps none.
-
-        A Celery time limit cannot be paused, and one that fired during the wait would
-        be taken for the attempt's own (``HANDLER_TIMEOUT``): so a time-limited task
-        waits at most its shortest limit less ``LIMIT_MARGIN``, then is requeued unrun
-        (``Reject``) and tries again on its next delivery."""
+        would look like a crash) or while the store is out of reach. Returns without the
+        lease once the record shows the attempt over (this delivery is then a duplicate),
+        or if the store keeps none; gives the delivery back (``give_back_or_wait``)
+        rather than wait past ``deadline``."""
         key, holder = self.claim_key(), self.token()
-        taken = self._try_lease(key, holder)
-        if taken is False:
-            logger.warning("%s[%s]: another delivery of attempt %d is alive; waiting for it",
-                           self.task.name, self.request.id, self.state.attempt)
-            budget = self._time_limit()
-            deadline = None if budget is None else time.monotonic() + budget - LIMIT_MARGIN
-            while taken is False:
-                if judge_delivery(self.load(), self.state.attempt, claim="mine") == "duplicate":
-                    return  # the holder's outcome is stored (it releases its lease)
-                if deadline is not None and time.monotonic() + WAIT_SECONDS > deadline:
-                    logger.warning("%s[%s]: attempt %d still leased at the time limit; "
-                                   "requeueing", self.task.name, self.request.id,
-                                   self.state.attempt)
-                    raise Reject("attempt leased by another delivery", requeue=True)
-                time.sleep(WAIT_SECONDS)
-                taken = self._try_lease(key, holder)
-        if taken:
-            self.hold_lease(holder)
+        while True:
+            try:
+                taken: bool | None = with_retry(
+                    self.task.app, lambda: lease(self.store, key, holder, lease_ms()),
+                    operation="lease attempt")
+            except Exception:
+                self.give_back_or_wait("the job store is out of reach")
+                continue
+            if taken is None:
+                return  # a backend that keeps no leases (said at worker start)
+            if taken:
+                self.hold_lease(holder)
+                return
+            if judge_delivery(self.load(), self.state.attempt, claim="mine") == "duplicate":
+                return  # the holder's outcome is stored (it releases its lease)
+            self.give_back_or_wait(f"another delivery of attempt {self.state.attempt} "
+                                   "is alive")
+
+    def give_back_or_wait(self, why: str) -> None:
+        """Wait ``WAIT_SECONDS`` more, nothing run, or give the delivery back to the broker
+        unrun (``Reject(requeue=True)``) if that would pass ``deadline``."""
+        if time.monotonic() + WAIT_SECONDS > self.deadline:
+            logger.warning("%s[%s]: attempt %d not run: %s; given back to the broker",
+                           self.task.name, self.request.id, self.state.attempt, why)
+            raise Reject(why, requeue=True)
+        if not self.waited:
+            self.waited = True
+            logger.warning("%s[%s]: attempt %d waits, not run: %s", self.task.name,
+                           self.request.id, self.state.attempt, why)
+        time.sleep(WAIT_SECONDS)
 
     def _time_limit(self) -> float | None:
         """The shortest time limit (hard or soft, seconds) this delivery runs under."""
@@ -263,17 +295,6 @@ class _Run:
                                      soft or self.task.soft_time_limit
                                      or conf.task_soft_time_limit) if x]
         return min(limits) if limits else None
-
-    def _try_lease(self, key: str, holder: str) -> bool | None:
-        """One lease call, retried in place; ``None`` (go on without) if the store is out
-        of reach: the claim that follows waits for it, or requeues."""
-        try:
-            taken: bool | None = with_retry(
-                self.task.app, lambda: lease(self.store, key, holder, lease_ms()),
-                operation="lease attempt")
-        except Exception:
-            return None
-        return taken
 
     def check_redelivery(self, begun: Begun | None) -> JobRecord | None:
         """Act on a delivery that repeats an attempt the record already knows about.
@@ -330,15 +351,17 @@ class _Run:
         return f"{copy}|{self.nonce}"
 
     def claim(self) -> Claim:
-        """This copy's claim on its attempt (``RecordStore.claim``); requeued if unreachable."""
+        """This copy's claim on its attempt (``RecordStore.claim``), waiting while the store
+        is out of reach; given back to the broker unrun past ``deadline``: nothing runs
+        unclaimed (the next delivery claims again)."""
         key, token = self.claim_key(), self.token()
-        try:
-            return with_retry(self.task.app, lambda: self.store.claim(key, token),
-                              operation="claim attempt")
-        except Exception as error:  # run nothing unclaimed: the redelivery claims again
-            logger.warning("%s[%s]: cannot claim attempt %s; requeueing", self.task.name,
-                           self.request.id, key, exc_info=True)
-            raise Reject(error, requeue=True) from None
+        while True:
+            try:
+                claimed: Claim = with_retry(self.task.app, lambda: self.store.claim(key, token),
+                                            operation="claim attempt")
+                return claimed
+            except Exception:
+                self.give_back_or_wait("the job store is out of reach")
 
     def claim_key(self) -> str:
         """``<task id>:<attempt>``, plus the replay round of a replayed dead letter."""
@@ -373,8 +396,8 @@ class _Run:
                 "countdowns": [*self.state.countdowns, delay],
                 "jitter_samples": [*self.state.jitter_samples, decision.jitter_sample]})
             self.save(record)  # before the send: the next attempt must find it
-            self.report(decision)
-            self.schedule_retry(record, exc, countdown=delay, not_before=time.time() + delay)
+            self.schedule_retry(record, exc, countdown=delay, not_before=time.time() + delay,
+                                decision=decision)
         record = self.base.failed(decision.entry, action=decision.action,
                                   reason=decision.reason)
         if decision.action == "dead_letter":
@@ -398,9 +421,11 @@ class _Run:
                             not_before=not_before)
 
     def schedule_retry(self, record: JobRecord, exc: BaseException | None, *,
-                       countdown: float, not_before: float) -> NoReturn:
+                       countdown: float, not_before: float,
+                       decision: Decision | None = None) -> NoReturn:
         """A native Celery retry carrying the history of ``record``, after ``countdown`` s
-        (parked on the broker if that is long: ``_parking``)."""
+        (parked on the broker if that is long: ``_parking``). ``decision`` is reported once
+        the broker took the retry, or will be asked again (a resend reports nothing)."""
         header = replace(
             self.state, attempt=record.attempt + 1, errors=record.errors,
             countdowns=tuple(record.extra["countdowns"]),
@@ -428,6 +453,8 @@ class _Run:
                     return sent
                 except Reject as rejected:  # Task.retry's wrapping of a failed send
                     reason = rejected.reason
+                    if isinstance(reason, NOT_THE_BROKER):  # a KombuError, yet no broker's
+                        raise Unpublishable(reason) from reason
                     raise reason if isinstance(reason, Exception) else rejected from None
             raise AssertionError("Task.retry returned")  # pragma: no cover - it always raises
 
@@ -438,12 +465,33 @@ class _Run:
             # instead; the redelivery finds the record unmarked and publishes again.
             logger.error("%s[%s]: the broker did not accept the retry (%s); requeueing",
                          self.task.name, self.request.id, error.code)
+            if decision is not None:
+                self.report(decision)
             raise Reject(error, requeue=True) from None
+        except Exception as error:  # not the broker: every try would fail the same way
+            self.dead_letter_instead(record, error, exc)
+        if decision is not None:
+            self.report(decision)
         # Dropped if the retry already ran and saved its own; the lease goes with it.
         self.save(handed_off(record), last=True)
         # Without the frames of the publish (Task.retry inside the confirming connection):
         # Celery formats this traceback for every retry it logs, ~0.3-0.9 ms per frame set.
         raise sent.with_traceback(None)
+
+    def dead_letter_instead(self, record: JobRecord, error: BaseException,
+                            exc: BaseException | None) -> NoReturn:
+        """The retry ``record`` decided cannot be published for a reason other than the
+        broker: decide again on that failure (``_handoff.unpublishable``: dead letter),
+        save and report it, and dead-letter the original (``OjsRequest``)."""
+        decision = decide(self.policy, record.attempt, unpublishable("retry", error))
+        logger.error("%s[%s]: %s; dead-lettering the job", self.task.name, self.request.id,
+                     decision.entry.message, exc_info=error)
+        dead = record.failed(decision.entry, action=decision.action, reason=decision.reason)
+        dead = replace(dead, extra={
+            **dead.extra, "dead_letter_queue": dead_letter_queue_for(self.task, self.queue)})
+        self.save(dead, last=True)
+        self.report(decision)
+        _raise_terminal(self.task, dead, exc)
 
     # -- the record -----------------------------------------------------------------
 

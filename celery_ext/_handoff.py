@@ -29,6 +29,13 @@ Windows that remain (Celery acks in the worker's main process, after the trace):
 - Claims are atomic on the Redis result backend only; with another backend two
   copies of one retry that start at the same moment can both run.
 - A claim whose reply was lost counts the attempt as lost (``HANDLER_PANIC``).
+
+A successor that cannot be published for a reason other than the broker (kombu cannot
+encode it, a router raises) would fail the same way on every try: the job is
+dead-lettered instead, with a history entry naming why (``unpublishable``), as
+``dramatiq_ext`` does. kombu's ``EncodeError`` derives from ``KombuError``, which
+``ojs_adapters.backend_retry`` reads as a broker error, so the publish wraps it in
+``Unpublishable`` first.
 """
 
 from __future__ import annotations
@@ -42,7 +49,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from kombu.exceptions import SerializationError, SerializerNotInstalled
+
 from ojs_adapters.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
+from ojs_adapters.failure import Failure, error_type_of
 
 T = TypeVar("T")
 
@@ -54,6 +64,9 @@ REPLAY_HEADER = "ojs-replay"
 BACKEND_RETRY_SETTING = "ojs_backend_retry"
 #: Confirming connections at most kept per app.
 POOL_LIMIT = 16
+
+#: Error type recorded when a successor cannot be published for a reason other than the broker.
+UNPUBLISHABLE_TYPE = "ojs.successor_unpublishable"
 
 #: Registry of confirming connection pools, one per app.
 _POOLS_REGISTRY: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -105,3 +118,46 @@ def replay_round(headers: Any) -> int:
         return int(data.get("replay_count", 0))
     except (TypeError, ValueError):
         return 0
+
+
+#: kombu errors that no broker causes, though ``backend_retry`` reads ``KombuError`` so.
+NOT_THE_BROKER = (SerializationError, SerializerNotInstalled)
+
+
+class Unpublishable(Exception):
+    """A successor that cannot be published for a reason other than the broker.
+
+    Not a backend error by any of its names, so ``with_retry`` raises it at once.
+    """
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+def unpublishable(successor: str, error: BaseException) -> Failure:
+    """The failure recorded when ``successor`` (``"retry"``) cannot be published for a reason
+    other than the broker: trying again cannot help, so the job is dead-lettered whatever
+    the policy says (handler code ``DEAD_LETTER``, the adapter answering for a successor
+    that cannot exist, as ``Failure.invalid_payload`` does for an unreadable message).
+    kombu's serializer errors are unwrapped, so the entry is the one ``dramatiq_ext``
+    records for the same cause.
+
+    >>> from kombu.exceptions import EncodeError
+    >>> f = unpublishable("retry", Unpublishable(EncodeError(TypeError("not JSON"))))
+    >>> f.catalog_code, f.handler_code, f.message
+    ('INVALID_PAYLOAD', 'DEAD_LETTER', 'the retry could not be published: TypeError: not JSON')
+    """
+    cause = error.cause if isinstance(error, Unpublishable) else error
+    if isinstance(cause, SerializationError) and cause.args and \
+            isinstance(cause.args[0], BaseException):
+        cause = cause.args[0]  # kombu's wrapper of the encoder's own error
+    kind = error_type_of(type(cause))
+    try:
+        text = str(cause) or kind
+    except Exception:  # a broken __str__ must not break the dead letter
+        text = kind
+    return Failure(UNPUBLISHABLE_TYPE, f"the {successor} could not be published: {kind}: {text}",
+                   (UNPUBLISHABLE_TYPE,), catalog_code="INVALID_PAYLOAD",
+                   handler_code="DEAD_LETTER", details={"successor": successor, "cause": kind},
+                   retryable=False)

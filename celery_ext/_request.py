@@ -4,9 +4,12 @@ Four things happen where only the main process can act:
 
 - **Dead letter.** The task body ends with ``JobDeadLettered``; here the
   original message is published to the dead-letter queue (``_deadletter``)
-  and acked only after that succeeded. If the publish fails the message is
-  requeued; its redelivery sees the terminal record and raises again, so the
-  publish is retried and nothing is dropped (RET-17).
+  and acked only after that succeeded. If the broker does not take it the message
+  is requeued; its redelivery sees the terminal record and raises again, so the
+  publish is retried and nothing is dropped (RET-17). If it fails for a reason
+  other than the broker (every try would fail alike), the original goes to the
+  dead-letter queue as it came, without the added headers (the job record keeps
+  the history), as ``dramatiq_ext`` fails the original into ``.XQ``.
 - **Hard time limit.** The pool kills the process; Celery would store
   FAILURE and ack (``Request.on_failure`` then ``on_timeout``). Instead the
   job record is marked ("attempt N hit the hard limit") and the message is
@@ -41,13 +44,13 @@ from celery.worker.state import task_ready
 
 from celery_ext._alerts import dead_lettered
 from celery_ext._deadletter import publish_dead_letter
-from celery_ext._handoff import with_retry
+from celery_ext._handoff import TOKEN_HEADER, confirming_connection, with_retry
 from celery_ext._headers import HeaderState
 from celery_ext._heartbeat import hold
 from celery_ext._parking import restore_delivery_info
 from celery_ext.exceptions import JobDeadLettered
 from celery_ext.records import RecordStore
-from ojs_adapters.backend_retry import count_failure
+from ojs_adapters.backend_retry import backend_error, count_failure
 from ojs_adapters.handoff import handed_off
 
 logger = logging.getLogger("celery_ext")
@@ -89,10 +92,20 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
         queue = str(exc.record.extra.get("dead_letter_queue") or "")
         try:
             publish_dead_letter(self.task.app, self._message, queue, exc.record)
-        except Exception:
-            logger.exception("%s[%s]: could not publish to dead-letter queue %r; requeueing",
-                             self.name, self.id, queue)
-            return False
+        except Exception as error:
+            if backend_error(error) is not None:
+                logger.exception("%s[%s]: could not publish to dead-letter queue %r; "
+                                 "requeueing", self.name, self.id, queue)
+                return False
+            logger.error("%s[%s]: could not publish the dead letter to %r (%s: %s); "
+                         "dead-lettering the original as it came", self.name, self.id, queue,
+                         type(error).__name__, error, exc_info=error)
+            try:
+                _publish_as_it_came(self.task.app, self._message, queue)
+            except Exception:
+                logger.exception("%s[%s]: could not publish to dead-letter queue %r; "
+                                 "requeueing", self.name, self.id, queue)
+                return False
         logger.info("%s[%s]: dead-lettered to %r", self.name, self.id, queue)
         dead_lettered(exc.record, queue)  # the on_dead_letter hooks (ojs_adapters.alerts)
         store = RecordStore(self.task.backend)
@@ -132,6 +145,26 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
             logger.warning("%s[%s]: cannot mark the time limit in the job record",
                            self.name, self.id, exc_info=True)
         self.reject(requeue=True)
+
+
+def _publish_as_it_came(app: Any, message: Any, queue_name: str) -> None:
+    """Publish ``message`` to ``queue_name`` with its own body and headers only (no
+    ``ojs-dead-letter`` record, no ``x-ojs-*``): the dead letter when the full one cannot
+    be published for a reason other than the broker."""
+    from kombu.entity import Queue
+
+    headers = {k: v for k, v in (message.headers or {}).items() if k != TOKEN_HEADER}
+    queue = Queue(queue_name, routing_key=queue_name, durable=True,  # type: ignore[no-untyped-call]
+                  auto_delete=False)
+
+    def publish_once() -> None:
+        with confirming_connection(app) as conn:
+            conn.Producer().publish(
+                message.body, exchange="", routing_key=queue_name,
+                content_type=message.content_type, content_encoding=message.content_encoding,
+                headers=headers, delivery_mode=2, declare=[queue], retry=False)
+
+    with_retry(app, publish_once, operation="publish dead letter")
 
 
 def _pool_process_exited(pid: int | None) -> bool:

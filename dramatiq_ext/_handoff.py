@@ -18,7 +18,15 @@ Every copy carries a fresh token (option ``ojs_token``): two copies of one attem
 (published twice because a confirm or an ack was lost) differ by it, so the
 duplicate is told from a broker redelivery of the same copy (``stores`` claims).
 Each publish is tried in place (``ojs_adapters.backend_retry``); if it still fails
-the caller holds the ack (``middleware``).
+the caller holds the ack (``middleware``). A delivery given back to the broker unrun
+(``middleware``: its store is out of reach, or another delivery of its attempt is alive)
+is published again as the *same* copy (``keep_token``): to the claims it is a broker
+redelivery of that copy, never a second copy that could find the attempt "other".
+
+A successor that cannot be published for a reason other than the broker (it cannot be
+encoded, a middleware's ``before_enqueue`` refuses it) would fail alike on every try:
+the job is dead-lettered instead, with a history entry naming why (``unpublishable``),
+as ``celery_ext`` does.
 """
 
 from __future__ import annotations
@@ -35,9 +43,12 @@ from dramatiq.message import Message
 
 from dramatiq_ext._parking import Parking
 from ojs_adapters.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
+from ojs_adapters.failure import Failure, error_type_of
 
 #: Message option holding the token of one published copy.
 TOKEN_OPTION = "ojs_token"
+#: Error type recorded when a successor cannot be published for a reason other than the broker.
+UNPUBLISHABLE_TYPE = "ojs.successor_unpublishable"
 
 
 class Publisher:
@@ -54,15 +65,17 @@ class Publisher:
         self._local = threading.local()
 
     def publish(self, broker: Broker, message: Message[Any], *, delay: int | None,
-                headers: Mapping[str, Any], operation: str) -> None:
+                headers: Mapping[str, Any], operation: str, keep_token: bool = False) -> None:
         """Publish ``message`` (after ``delay`` ms) until accepted; ``OjsBackendError`` if not.
 
-        Each try gets a fresh token: two tries that both land are told apart.
+        Each try gets a fresh token: two tries that both land are told apart; unless
+        ``keep_token`` (a delivery given back: the same copy again).
         """
         message = message.copy(options=dict(headers))
 
         def once() -> None:
-            fresh = message.copy(options={TOKEN_OPTION: uuid.uuid4().hex})
+            fresh = message if keep_token else message.copy(
+                options={TOKEN_OPTION: uuid.uuid4().hex})
             self.publish_once(broker, fresh, delay, headers)
 
         self.retry.call(once, operation=operation)
@@ -155,3 +168,25 @@ def _is_rabbitmq(broker: Broker) -> bool:
     except ImportError:  # dramatiq without its rabbitmq extra
         return False
     return isinstance(broker, RabbitmqBroker)
+
+
+def unpublishable(successor: str, error: BaseException) -> Failure:
+    """The failure recorded when ``successor`` (``"retry"``) cannot be published for a reason
+    other than the broker: trying again cannot help, so the job is dead-lettered whatever
+    the policy says (handler code ``DEAD_LETTER``, the adapter answering for a successor
+    that cannot exist, as ``Failure.invalid_payload`` does for an unreadable message).
+    ``celery_ext._handoff.unpublishable`` records the same entry for the same cause.
+
+    >>> f = unpublishable("retry", TypeError("not JSON"))
+    >>> f.catalog_code, f.handler_code, f.message
+    ('INVALID_PAYLOAD', 'DEAD_LETTER', 'the retry could not be published: TypeError: not JSON')
+    """
+    kind = error_type_of(type(error))
+    try:
+        text = str(error) or kind
+    except Exception:  # a broken __str__ must not break the dead letter
+        text = kind
+    return Failure(UNPUBLISHABLE_TYPE, f"the {successor} could not be published: {kind}: {text}",
+                   (UNPUBLISHABLE_TYPE,), catalog_code="INVALID_PAYLOAD",
+                   handler_code="DEAD_LETTER", details={"successor": successor, "cause": kind},
+                   retryable=False)

@@ -64,8 +64,24 @@ would send it, by delivery tag, on the new connection's channel, acking another 
 
 The final record of an attempt (and the ``handed_off`` mark) is saved before the ack
 too; if the store stays down the ack waits up to ``RECORD_HOLD_SECONDS`` (15 s), then
-goes without it (logged, counted ``write job record:abandoned``). A delivery whose
-claim cannot be made waits (unacked, nothing run) up to ``CLAIM_WAIT_SECONDS`` (60 s).
+goes without it (logged, counted ``write job record:abandoned``).
+
+A successor that cannot be published for a reason other than the broker (it cannot be
+encoded, another middleware's ``before_enqueue`` raises) would fail alike on every try.
+A retry is then decided again: the job is dead-lettered with a history entry naming why
+(``_handoff.unpublishable``), saved and reported (only that decision is reported); a
+dead-letter hop that cannot be published fails the original into ``.XQ`` as it came
+(the record keeps the history). ``celery_ext`` does the same.
+
+**Admission waits are bounded** (the same rule as ``celery_ext``): nothing runs without
+its lease and its claim. A delivery waits, nothing run, while another live delivery
+holds the lease or while the store is out of reach, at most ``CLAIM_WAIT_SECONDS``
+(60 s) and never past its actor's time limit less ``LIMIT_MARGIN``; then it is given
+back to the broker unrun (the same copy published again on its queue, the original
+acked only once the broker took it; logged with the actor name) and tries again on its
+next delivery. ``TimeLimit`` does not fire during the wait (it would be taken for the
+attempt's own timeout) but keeps counting: the actor then runs with what is left of its
+limit, as a Celery task does.
 
 Windows that remain:
 
@@ -98,20 +114,21 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, NamedTuple
 
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 from dramatiq.errors import BrokerConnectionError, Retry
-from dramatiq.middleware import Middleware, MiddlewareError, Retries, SkipMessage
+from dramatiq.middleware import Middleware, MiddlewareError, Retries, SkipMessage, TimeLimit
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from dramatiq_ext._alerts import dead_lettered
 from dramatiq_ext._context import clear_current_job, set_current_job
-from dramatiq_ext._handoff import TOKEN_OPTION, Publisher, is_redis
-from dramatiq_ext._lease import HEARTBEAT, time_limit_paused
+from dramatiq_ext._handoff import TOKEN_OPTION, Publisher, is_redis, unpublishable
+from dramatiq_ext._lease import HEARTBEAT
 from dramatiq_ext._notices import check_store, replaced_retries
 from dramatiq_ext._options import (
     BUDGET_OPTION,
@@ -199,8 +216,8 @@ class _HandoffPending(MiddlewareError, BrokerConnectionError):
 class _Pending(NamedTuple):
     """What must be on the broker and in the store before the original is acked.
 
-    ``message`` (a successor, or a copy handed back) is published first, then
-    ``record`` saved (marked ``handed_off`` if ``mark``); ``None`` parts are done.
+    ``message`` (a successor, or the delivery given back: ``hand_back``) is published
+    first, then ``record`` saved (marked ``handed_off`` if ``mark``); ``None`` parts are done.
     """
 
     message: Any
@@ -209,12 +226,16 @@ class _Pending(NamedTuple):
     record: JobRecord | None
     mark: bool = True
     since: float = 0.0  # time.monotonic() when only the record was left to save
+    hand_back: bool = False  # the same copy again (its token kept), not a successor
 
 
 #: Seconds the ack waits for a record that cannot be saved (the successor, forever).
 RECORD_HOLD_SECONDS = 15.0
-#: Seconds a delivery waits for an unreachable claim store before it runs unclaimed.
+#: Seconds a delivery waits, nothing run, for another live delivery of its attempt or for an
+#: unreachable store before it is given back to the broker (read at each use: tests shorten it).
 CLAIM_WAIT_SECONDS = 60.0
+#: Seconds of an actor's time limit a waiting delivery leaves unused.
+LIMIT_MARGIN = 0.5
 #: Where ``before_process_message`` leaves the record it wrote, for this delivery only.
 _STARTED = "_ojs_started_record"
 #: Where it leaves the POSIX time the attempt started.
@@ -223,6 +244,10 @@ _STARTED_AT = "_ojs_started_at"
 _PENDING = "_ojs_pending_successor"
 #: Attribute of a ``MessageProxy`` naming the holder of its attempt's lease (``_lease``).
 _LEASED = "_ojs_lease_holder"
+#: Attribute set once a delivery said that it waits.
+_WAITED = "_ojs_waited"
+#: Attribute set when a retry that could not be published was decided again (dead letter).
+_REDECIDED = "_ojs_redecided"
 
 
 
@@ -373,6 +398,7 @@ class OjsRetries(Middleware):
     # -- processing ---------------------------------------------------------------------
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        started = time.monotonic()  # TimeLimit (before us in the list) started just now
         self._claim(broker)
         state = MessageState.of(message.options)
         if state.dead_letter:  # the hop to the dead-letter queue: fail it, never run it
@@ -396,15 +422,18 @@ class OjsRetries(Middleware):
         begun = self._begin(broker, message, state, nonce, fresh, lease=True)
         if begun is not None and begun.leased:
             self._hold_lease(broker, message, state, nonce)
-        else:  # another live delivery holds the lease, or no one-call store: step by step
-            self._lease_attempt(broker, message, state, nonce)  # alone on the attempt now
-            begun = self._begin(broker, message, state, nonce, fresh)
-        if begun is None:  # a store without ``begin``, or unreachable: step by step
-            record = self._load(broker, message.message_id)
-            claimed = self._wait_for_claim(broker, message, state, nonce)
-            if claimed == "new" and record is not None and record == fresh:
-                record = None  # our own start, by a ``begin`` whose replies were all lost
-        else:
+        else:  # another live delivery holds the lease, no one-call store, or unreachable:
+            # step by step, waiting (nothing run) at most until ``deadline``
+            deadline = started + self._wait_limit(broker, message)
+            with _time_limit_held(broker, message, started):
+                self._lease_attempt(broker, message, state, nonce, deadline)  # alone now
+                begun = self._begin(broker, message, state, nonce, fresh)
+                if begun is None:  # a store without ``begin``, or unreachable
+                    record = self._load(broker, message.message_id)
+                    claimed = self._wait_for_claim(broker, message, state, nonce, deadline)
+                    if claimed == "new" and record is not None and record == fresh:
+                        record = None  # our own start, by a ``begin`` whose replies were lost
+        if begun is not None:
             claimed = begun.claim
             record = record_of(begun.record)
         verdict = judge_delivery(record, state.attempt, claim=claimed)
@@ -496,6 +525,8 @@ class OjsRetries(Middleware):
                               message.message_id, state.attempt + 1, millis)
             successor = state._replace(attempt=state.attempt + 1, previous_delay=decision.delay)
             self._hand_off(broker, message, successor, record, millis)
+            if vars(message).pop(_REDECIDED, False):
+                return  # not publishable: dead-lettered instead, and that decision reported
         elif decision.action == "dead_letter":
             self._save(broker, record)
             self.logger.debug("Dead-lettering message %r (%s).", message.message_id,
@@ -505,12 +536,32 @@ class OjsRetries(Middleware):
             self._save_before_ack(broker, message, record)
             self.logger.debug("Ending message %r: %s (%s).", message.message_id,
                               decision.action, decision.reason)
-        # The structured log (``ojs_adapters.logs``) and metrics hooks see each decision once.
+        self._report(message, record, decision)
+
+    def _report(self, message: MessageProxy, record: JobRecord, decision: Decision) -> None:
+        """The structured log (``ojs_adapters.logs``) and metrics hooks see each decision once."""
         emit(DecisionEvent(framework="dramatiq", job_id=message.message_id,
                            task=message.actor_name, queue=q_name(message.queue_name),
                            max_attempts=record.max_attempts, decision=decision,
                            idempotency_key=_key_of(message),
                            dependency=self._actor_budgets.get(message.actor_name)))
+
+    def _dead_letter_instead(self, broker: Broker, message: MessageProxy, record: JobRecord,
+                             error: BaseException) -> None:
+        """The retry ``record`` decided cannot be published for a reason other than the
+        broker: decide again on that failure (``_handoff.unpublishable``: dead letter), save
+        and report it, and hand off the dead letter (``_REDECIDED`` tells ``_execute``)."""
+        decision = decide(self._policy(broker, message), record.attempt,
+                          unpublishable("retry", error))
+        self.logger.error("%s[%s]: %s; dead-lettering the job.", message.actor_name,
+                          message.message_id, decision.entry.message, exc_info=error)
+        record = record.failed(decision.entry, action=decision.action,
+                               keep=self.history_limit, reason=decision.reason)
+        self._save(broker, record)
+        state = MessageState.of(message.options)._replace(dead_letter=True, errors=record.errors)
+        self._hand_off(broker, message, state, record, None)
+        self._report(message, record, decision)
+        vars(message)[_REDECIDED] = True
 
     # -- the hand-off: successor accepted before the original is acked ------------------
 
@@ -538,24 +589,30 @@ class OjsRetries(Middleware):
     def _publish_pending(self, broker: Broker, message: MessageProxy, pending: _Pending) -> bool:
         """Do what ``pending`` still needs; ``False`` (kept on the message) if it cannot yet."""
         if pending.message is not None:
-            what = "dead letter" if MessageState.of(pending.message.options).dead_letter \
-                else "retry"
+            what = "delivery given back" if pending.hand_back else "dead letter" \
+                if MessageState.of(pending.message.options).dead_letter else "retry"
             try:
                 self.publisher.publish(broker, pending.message, delay=pending.delay,
-                                       headers=pending.headers, operation=f"publish {what}")
+                                       headers=pending.headers, operation=f"publish {what}",
+                                       keep_token=pending.hand_back)
             except OjsBackendError as error:
                 self.logger.error("The %s of message %r was not accepted (%s); holding the "
                                   "ack until it is.", what, message.message_id, error.code)
                 vars(message)[_PENDING] = pending
                 return False
-            except Exception:
-                # Not the broker (a serializer, a middleware refusing it): trying again
-                # cannot help, so the original goes to Dramatiq's dead-letter queue.
-                self.logger.exception("Could not publish the %s of message %r; "
-                                      "dead-lettering the original instead.", what,
-                                      message.message_id)
+            except Exception as error:  # not the broker: every try would fail alike
                 vars(message).pop(_PENDING, None)
+                if what == "retry" and pending.record is not None:
+                    self._dead_letter_instead(broker, message, pending.record, error)
+                    return _PENDING not in vars(message)  # the dead letter may be held
+                self.logger.error("%s[%s]: could not publish the %s (%s: %s); dead-lettering "
+                                  "the original as it came.", message.actor_name,
+                                  message.message_id, what, type(error).__name__, error,
+                                  exc_info=error)
                 message.fail()
+                if pending.record is not None:  # the on_dead_letter hooks, as for a hop
+                    dead_lettered(message, MessageState.of(message.options)._replace(
+                        attempt=pending.record.attempt, errors=pending.record.errors))
                 return True
             pending = pending._replace(message=None)
         if pending.record is not None:
@@ -600,36 +657,70 @@ class OjsRetries(Middleware):
 
     def before_ack(self, broker: Broker, message: MessageProxy) -> None:
         pending = vars(message).get(_PENDING)
-        if pending is not None and not self._publish_pending(broker, message, pending):
-            raise _HandoffPending(f"successor of {message.message_id} not accepted; ack held")
+        if pending is not None:
+            failed = message.failed
+            if not self._publish_pending(broker, message, pending):
+                raise _HandoffPending(f"successor of {message.message_id} not accepted; "
+                                      "ack held")
+            if message.failed and not failed:  # failed into .XQ instead: Dramatiq chose
+                # the ack already; on this error it waits, looks again, and nacks.
+                raise _HandoffPending(f"{message.message_id} dead-lettered; nack, not ack")
         HEARTBEAT.drop(vars(message).pop(_LEASED, ""))  # the outcome is stored: let it lapse
 
     before_nack = before_ack
 
     def _lease_attempt(self, broker: Broker, message: MessageProxy, state: MessageState,
-                       nonce: str) -> None:
-        """Take this delivery's lease on its attempt (``_lease``), waiting (unacked, nothing
-        run, outside the actor's time limit) while another live delivery holds it, or while
-        the store is unreachable (up to ``CLAIM_WAIT_SECONDS``, as for the claim). It returns
+                       nonce: str, deadline: float) -> None:
+        """Take this delivery's lease on its attempt (``_lease``), waiting, nothing run,
+        while another live delivery holds it or while the store is out of reach. Returns
         without the lease once the record shows the attempt over (this delivery is then a
-        duplicate), or at once if the store keeps no leases."""
+        duplicate), or at once if the store keeps no leases; gives the delivery back
+        (``_give_back_or_wait``) rather than wait past ``deadline``."""
         store, key = self.store_for(broker), _claim_key(message, state)
         holder = f"{_token_of(message)}|{nonce}"
-        taken = self._try_lease(store, key, holder)
-        if taken is False:
-            self.logger.warning("Message %r: another delivery of attempt %d is alive, or the "
-                                "store is out of reach; waiting.", message.message_id,
-                                state.attempt)
-            deadline = time.monotonic() + CLAIM_WAIT_SECONDS
-            with time_limit_paused(broker, message):
-                while taken is False:
-                    if judge_delivery(self._load(broker, message.message_id), state.attempt,
-                                      claim="mine") == "duplicate":
-                        return  # the holder's outcome is stored (it lets its lease lapse)
-                    time.sleep(WAIT_SECONDS)
-                    taken = self._try_lease(store, key, holder, deadline)
-        if taken:
-            self._hold_lease(broker, message, state, nonce)
+        while True:
+            try:
+                taken = self.backend_retry.call(lambda: lease(store, key, holder, lease_ms()),
+                                                operation="lease attempt")
+            except Exception:
+                self._give_back_or_wait(broker, message, state, deadline,
+                                        "the job store is out of reach")
+                continue
+            if taken is None:
+                return  # a store that keeps no leases (said at worker start)
+            if taken:
+                self._hold_lease(broker, message, state, nonce)
+                return
+            if judge_delivery(self._load(broker, message.message_id), state.attempt,
+                              claim="mine") == "duplicate":
+                return  # the holder's outcome is stored (it lets its lease lapse)
+            self._give_back_or_wait(broker, message, state, deadline,
+                                    f"another delivery of attempt {state.attempt} is alive")
+
+    def _give_back_or_wait(self, broker: Broker, message: MessageProxy, state: MessageState,
+                           deadline: float, why: str) -> None:
+        """Wait ``WAIT_SECONDS`` more, nothing run, or give the delivery back to the broker
+        unrun if that would pass ``deadline``: the same copy (its token kept, so to the
+        claims it is a redelivery) is published on its queue, and this one acked only
+        once the broker took it (else the ack is held, as for a successor)."""
+        if time.monotonic() + WAIT_SECONDS > deadline:
+            self.logger.warning("%s[%s]: attempt %d not run: %s; given back to the broker.",
+                                message.actor_name, message.message_id, state.attempt, why)
+            self._publish_pending(broker, message, _Pending(
+                message.copy(), None, {}, None, mark=False, hand_back=True))
+            raise _AttemptConsumed(f"attempt {state.attempt} given back to the broker: {why}")
+        if not vars(message).get(_WAITED):
+            vars(message)[_WAITED] = True
+            self.logger.warning("%s[%s]: attempt %d waits, not run: %s.", message.actor_name,
+                                message.message_id, state.attempt, why)
+        time.sleep(WAIT_SECONDS)
+
+    def _wait_limit(self, broker: Broker, message: MessageProxy) -> float:
+        """Seconds this delivery may wait: ``CLAIM_WAIT_SECONDS``, and less than its time limit."""
+        limit = _time_limit_ms(broker, message)
+        if limit is None:
+            return CLAIM_WAIT_SECONDS
+        return min(CLAIM_WAIT_SECONDS, limit / 1000 - LIMIT_MARGIN)
 
     def _hold_lease(self, broker: Broker, message: MessageProxy, state: MessageState,
                     nonce: str) -> None:
@@ -638,38 +729,16 @@ class OjsRetries(Middleware):
         HEARTBEAT.hold(self.store_for(broker), _claim_key(message, state), holder)
         vars(message)[_LEASED] = holder
 
-    def _try_lease(self, store: RecordStore, key: str, holder: str,
-                   deadline: float | None = None) -> bool | None:
-        """One ``stores.lease`` call (retried in place); ``False`` also while the store is
-        unreachable, until ``deadline`` (then ``True``: go on, the heartbeat takes it later)."""
-        try:
-            return self.backend_retry.call(lambda: lease(store, key, holder, lease_ms()),
-                                           operation="lease attempt")
-        except OjsBackendError:
-            if deadline is None or time.monotonic() < deadline:
-                return False
-            self.logger.error("Could not lease attempt %s for %.0f s; going on without.",
-                              key, CLAIM_WAIT_SECONDS)
-            return True
-
     def _wait_for_claim(self, broker: Broker, message: MessageProxy,
-                        state: MessageState, nonce: str) -> Claim:
-        """The claim, waiting (unacked, nothing run) while the store is unreachable.
-
-        After ``CLAIM_WAIT_SECONDS`` it runs unclaimed rather than block the thread for
-        good: the only case where two copies of one attempt could both run.
-        """
-        deadline = time.monotonic() + CLAIM_WAIT_SECONDS
+                        state: MessageState, nonce: str, deadline: float) -> Claim:
+        """The claim, waiting (unacked, nothing run) while the store is out of reach; the
+        delivery is given back to the broker past ``deadline``: nothing runs unclaimed."""
         while True:
             claimed = self._claim_attempt(broker, message, state, nonce=nonce)
             if claimed is not None:
                 return claimed
-            if time.monotonic() > deadline:
-                self.logger.error("Could not claim attempt %d of %r for %.0f s; running it "
-                                  "unclaimed.", state.attempt, message.message_id,
-                                  CLAIM_WAIT_SECONDS)
-                return "new"
-            time.sleep(1.0)
+            self._give_back_or_wait(broker, message, state, deadline,
+                                    "the job store is out of reach")
 
     def _begin(self, broker: Broker, message: MessageProxy, state: MessageState, nonce: str,
                fresh: JobRecord | None, *, lease: bool = False) -> Begun | None:
@@ -793,6 +862,40 @@ class OjsRetries(Middleware):
             self.logger.exception("Could not save the job record of %r.", record.id)
             return False
         return True
+
+
+def _time_limits(broker: Broker) -> list[TimeLimit]:
+    return [m for m in broker.middleware if isinstance(m, TimeLimit)]
+
+
+def _time_limit_ms(broker: Broker, message: MessageProxy) -> float | None:
+    """The shortest ``TimeLimit`` this delivery runs under, in ms (``None``: none)."""
+    actor = broker.get_actor(message.actor_name)
+    limits = [message.options.get("time_limit") or actor.options.get("time_limit", m.time_limit)
+              for m in _time_limits(broker)]
+    found = [float(limit) for limit in limits if limit]
+    return min(found) if found else None
+
+
+@contextmanager
+def _time_limit_held(broker: Broker, message: MessageProxy, started: float) -> Iterator[None]:
+    """Dramatiq's ``TimeLimit`` kept from firing in this thread while admission waits (it
+    would be taken for the attempt's own timeout), then set again to what is left of the
+    limit since ``started``: the wait counts, as a Celery time limit counts from the start
+    of the delivery, but never ends the attempt (the wait ends before: ``_wait_limit``)."""
+    limits = _time_limits(broker)
+    for limit in limits:
+        limit.after_process_message(broker, message)  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        actor = broker.get_actor(message.actor_name)
+        spent = (time.monotonic() - started) * 1000
+        for limit in limits:
+            total = message.options.get("time_limit") or actor.options.get(
+                "time_limit", limit.time_limit)
+            left = max(1, int(float(total) - spent))
+            limit.manager.add_timeout(threading.get_ident(), left)  # type: ignore[no-untyped-call]
 
 
 def _claim_key(message: MessageProxy, state: MessageState, step: str | None = None) -> str:
