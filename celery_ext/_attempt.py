@@ -516,6 +516,17 @@ class _Run:
             # Renewals stop first: a beat between the save's release and the end of the
             # delivery would take the released lease again (renewing creates a missing one).
             LEASES.drop(self.holder)
+        # The outcome rides in the MULTI of Celery's own result write, which follows in
+        # this thread before the ack (``_result_ride``; saved alone if that write does not
+        # come): no round trip of its own.
+        if last and not force and self.store.save_with_result(
+                record, release, lambda: self._save_now(record, force, release)):
+            self.released = release is not None
+            return
+        self._save_now(record, force, release)
+
+    def _save_now(self, record: JobRecord, force: bool,
+                  release: tuple[str, str] | None) -> None:
         try:
             if with_retry(self.task.app,
                           lambda: self.store.save(record, force=force, release=release),
