@@ -19,8 +19,9 @@ executes the ``Decision``; it never reasons about the policy itself.
   seconds (60) waits on the broker, not in a worker's delay queue (``_parking``).
 - **Dead letter.** Dramatiq dead-letters with ``message.fail()``; the broker then moves
   the body it *stored* to ``<queue>.XQ`` (the Redis ``.msgs`` hash entry, the RabbitMQ
-  delivery), not the options changed in memory. So a ``dead_letter`` decision enqueues
-  a copy marked ``"dead_letter": true`` with the full history, and that copy, when a
+  delivery), not the options changed in memory. So the body marked ``"dead_letter":
+  true`` with the full history goes there: on Redis it replaces the stored body and the
+  message is failed (``_dead_letter``); on RabbitMQ it is enqueued as a copy that, when a
   worker picks it up, is failed at once (``message.fail()`` + ``SkipMessage``): the
   ``.XQ`` then holds the complete history on every broker. Its stuffed exception is a
   ``DeadLettered`` naming the last error, which ``Results`` stores for the message.
@@ -127,6 +128,7 @@ from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from dramatiq_ext._alerts import dead_lettered
 from dramatiq_ext._context import clear_current_job, set_current_job
+from dramatiq_ext._dead_letter import dead_letter_in_place
 from dramatiq_ext._handoff import TOKEN_OPTION, Publisher, is_redis, unpublishable
 from dramatiq_ext._lease import HEARTBEAT
 from dramatiq_ext._notices import check_store, replaced_retries
@@ -240,6 +242,8 @@ LIMIT_MARGIN = 0.5
 _STARTED = "_ojs_started_record"
 #: Where it leaves the POSIX time the attempt started.
 _STARTED_AT = "_ojs_started_at"
+#: Attribute of a ``MessageProxy`` holding the ``DeadLettered`` it was failed with.
+_DEAD = "_ojs_dead_lettered"
 #: Attribute of a ``MessageProxy`` holding its ``_Pending`` hand-off.
 _PENDING = "_ojs_pending_successor"
 #: Attribute of a ``MessageProxy`` naming the holder of its attempt's lease (``_lease``).
@@ -480,6 +484,9 @@ class OjsRetries(Middleware):
                               result: Any = None, exception: BaseException | None = None) -> None:
         clear_current_job()
         if isinstance(exception, _AttemptConsumed):
+            dead = vars(message).pop(_DEAD, None)
+            if dead is not None:  # dead-lettered in place before the worker stuffed this
+                message.stuff_exception(dead)
             return
         state = MessageState.of(message.options)
         policy = self._policy(broker, message)
@@ -499,14 +506,44 @@ class OjsRetries(Middleware):
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         clear_current_job()
         state = MessageState.of(message.options)
-        if state.dead_letter and message.failed and state.errors:
-            last = state.errors[-1]
-            message.stuff_exception(DeadLettered(f"{last.code} {last.type}: {last.message}"))
         if state.dead_letter and message.failed:
-            self.logger.info("Message %r dead-lettered to %r after attempt %d.",
-                             message.message_id, f"{q_name(message.queue_name)}.XQ",
-                             state.attempt)
-            dead_lettered(message, state)  # the on_dead_letter hooks (ojs_adapters.alerts)
+            self._failed_to_dead_letters(message, state)
+
+    def _failed_to_dead_letters(self, message: MessageProxy, state: MessageState) -> None:
+        """``message`` is failed: its nack puts it in ``.XQ``. What ``Results`` stores for it
+        (a ``DeadLettered`` naming the last error), the log line, the on_dead_letter hooks."""
+        message.fail()
+        if state.errors:
+            last = state.errors[-1]
+            dead = DeadLettered(f"{last.code} {last.type}: {last.message}")
+            message.stuff_exception(dead)
+            vars(message)[_DEAD] = dead  # the worker may stuff its own after us: put back
+        self.logger.info("Message %r dead-lettered to %r after attempt %d.",
+                         message.message_id, f"{q_name(message.queue_name)}.XQ", state.attempt)
+        dead_lettered(message, state)  # the on_dead_letter hooks (ojs_adapters.alerts)
+
+    def _dead_letter_in_place(self, broker: Broker, message: MessageProxy, state: MessageState,
+                              record: JobRecord) -> bool:
+        """A ``RedisBroker``'s dead letter: the stored body becomes the dead-letter copy (with
+        the record's save, one call) and the nack moves it to ``.XQ`` (``_dead_letter``).
+        ``False``: not here, or the call failed: publish a copy instead (``_hand_off``)."""
+        options = {STATE_OPTION: state.to_option(), KEY_OPTION: _key_of(message),
+                   **error_headers(record.errors[-1], record.attempt)}
+        store = self.store_for(broker)
+        try:
+            done = self.backend_retry.call(lambda: dead_letter_in_place(
+                broker, store, message, message.copy(options=options), record),
+                operation="write dead letter")
+        except Exception:
+            self.logger.warning("Could not write the dead letter of %r in place; publishing "
+                                "a copy.", message.message_id, exc_info=True)
+            return False
+        if done is None:
+            return False
+        if not done:  # the records live elsewhere: saved now, before the nack
+            self._save_before_ack(broker, message, record)
+        self._failed_to_dead_letters(message, state)
+        return True
 
     # -- executing a decision -----------------------------------------------------------
 
@@ -528,10 +565,12 @@ class OjsRetries(Middleware):
             if vars(message).pop(_REDECIDED, False):
                 return  # not publishable: dead-lettered instead, and that decision reported
         elif decision.action == "dead_letter":
-            self._save(broker, record)
             self.logger.debug("Dead-lettering message %r (%s).", message.message_id,
                               decision.reason)
-            self._hand_off(broker, message, state._replace(dead_letter=True), record, None)
+            dead = state._replace(dead_letter=True)
+            if not self._dead_letter_in_place(broker, message, dead, record):
+                self._save(broker, record)
+                self._hand_off(broker, message, dead, record, None)
         else:
             self._save_before_ack(broker, message, record)
             self.logger.debug("Ending message %r: %s (%s).", message.message_id,
