@@ -12,9 +12,11 @@ The client is passed in; nothing here imports redis.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -139,13 +141,25 @@ _GROUPS_LOCK = threading.Lock()
 _SHAS: dict[str, str] = {}
 
 
+#: ``group_of``'s answer per client object, so the settings are read once per client.
+_BY_CLIENT: weakref.WeakKeyDictionary[Any, tuple[int, GroupCommit]] = (
+    weakref.WeakKeyDictionary())
+
+
 def group_of(client: Any) -> GroupCommit:
     """The ``GroupCommit`` this process uses for ``client``'s server and settings."""
-    key = (os.getpid(), _settings(client))
-    group = _GROUPS.get(key)
-    if group is None:
-        with _GROUPS_LOCK:
-            group = _GROUPS.setdefault(key, GroupCommit())
+    pid = os.getpid()
+    try:
+        known = _BY_CLIENT.get(client)
+    except TypeError:  # not weakly referable
+        known = None
+    if known is not None and known[0] == pid:
+        return known[1]
+    key = (pid, _settings(client))
+    with _GROUPS_LOCK:
+        group = _GROUPS.setdefault(key, GroupCommit())
+    with contextlib.suppress(TypeError):
+        _BY_CLIENT[client] = (pid, group)
     return group
 
 
