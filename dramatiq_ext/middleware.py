@@ -433,7 +433,9 @@ class OjsRetries(Middleware):
                 self._lease_attempt(broker, message, state, nonce, deadline)  # alone now
                 begun = self._begin(broker, message, state, nonce, fresh)
                 if begun is None:  # a store without ``begin``, or unreachable
-                    record = self._load(broker, message.message_id)
+                    # A record that cannot be read is not a missing one: judged as missing,
+                    # a copy's own redelivery ("mine") would count its finished attempt lost.
+                    record = self._wait_for_record(broker, message, state, deadline)
                     claimed = self._wait_for_claim(broker, message, state, nonce, deadline)
                     if claimed == "new" and record is not None and record == fresh:
                         record = None  # our own start, by a ``begin`` whose replies were lost
@@ -778,6 +780,21 @@ class OjsRetries(Middleware):
                 return claimed
             self._give_back_or_wait(broker, message, state, deadline,
                                     "the job store is out of reach")
+
+    def _wait_for_record(self, broker: Broker, message: MessageProxy, state: MessageState,
+                         deadline: float) -> JobRecord | None:
+        """The job record, waiting (unacked, nothing run) while the store is out of reach,
+        as for the claim: past ``deadline`` the delivery is given back to the broker."""
+        store = self.store_for(broker)
+        while True:
+            try:
+                data = self.backend_retry.call(lambda: store.load(message.message_id),
+                                               operation="read job record")
+            except OjsBackendError:
+                self._give_back_or_wait(broker, message, state, deadline,
+                                        "the job record cannot be read")
+                continue
+            return JobRecord.from_dict(data) if data else None
 
     def _begin(self, broker: Broker, message: MessageProxy, state: MessageState, nonce: str,
                fresh: JobRecord | None, *, lease: bool = False) -> Begun | None:

@@ -237,6 +237,52 @@ def test_a_lapsed_lease_lets_the_redelivery_count_the_attempt_lost(stub_env: Env
     assert (record.state, record.attempt, runs) == ("completed", 2, [1])
 
 
+class _ReadOutage(MemoryRecordStore):
+    """A memory store whose record reads fail while ``down`` (a store out of reach for a
+    moment); claims, leases and writes go through."""
+
+    down = False
+
+    def load(self, message_id: str) -> dict[str, Any] | None:
+        if self.down:
+            raise ConnectionError("store down")
+        return super().load(message_id)
+
+
+def test_a_redelivery_that_cannot_read_the_record_waits_for_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same copy comes back after its attempt completed (its ack was lost), once the
+    holder's lease has lapsed, while the record cannot be read for a moment: it waits for
+    the record and is dropped as a duplicate. Judged on "no record" with its own claim
+    ("mine"), it would count its finished attempt lost (a phantom HANDLER_PANIC, the job run
+    again; the issue-11 hand-off test dead-lettered a completed job that way)."""
+    from dramatiq_ext import OjsRetries
+    from ojs_adapters import leases
+    from ojs_adapters.backend_retry import BackendRetry
+    from tests.dramatiq_ext.harness import make_env
+
+    monkeypatch.setattr(leases, "LEASE_SECONDS", 0.3)
+    store, runs = _ReadOutage(), []
+    ojs = OjsRetries(store=store, jitter_source=lambda: 0.5,
+                     backend_retry=BackendRetry(sleep=lambda s: None))
+    with make_env("stub", ojs=ojs) as env:
+        actor = env.actor(lambda: runs.append(1), retry_policy={
+            "max_attempts": 3, "initial_interval": "PT0.1S"})
+        env.start()
+        message = actor.send()
+        env.wait_record(message.message_id)
+        time.sleep(0.6)  # the first delivery's lease lapses
+        store.down = True
+        restore = threading.Timer(1.5, lambda: setattr(store, "down", False))
+        restore.start()
+        env.broker.enqueue(message)  # the same copy again, as a broker redelivers it
+        restore.join()
+        env.broker.join(env.queue, timeout=10_000)
+        time.sleep(0.5)  # a phantom retry, were there one, would run now
+        record = env.wait_record(message.message_id)
+    assert (record.state, record.attempt, record.errors, runs) == ("completed", 1, (), [1])
+
+
 # -- RabbitMQ acks ------------------------------------------------------------------------
 
 
