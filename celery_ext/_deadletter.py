@@ -34,12 +34,18 @@ DEAD_LETTER_HEADER = "ojs-dead-letter"
 _COPIED_PROPERTIES = ("priority", "correlation_id", "reply_to")
 
 
-def publish_dead_letter(app: Any, message: Any, queue_name: str, record: JobRecord) -> None:
-    """Publish ``message`` (a kombu ``Message``) to ``queue_name``; raise if it did not land."""
+def publish_dead_letter(app: Any, message: Any, queue_name: str,
+                        record: JobRecord | None) -> None:
+    """Publish ``message`` (a kombu ``Message``) to ``queue_name``; raise if it did not land.
+
+    With ``record``, the dead letter carries it and the ``x-ojs-*`` headers; without, it
+    goes as it came (when the full one cannot be published for a non-broker reason).
+    """
     headers = {k: v for k, v in (message.headers or {}).items() if k != TOKEN_HEADER}
-    headers[DEAD_LETTER_HEADER] = json.dumps(record.to_dict(), separators=(",", ":"))
-    if record.errors:
-        headers.update(error_headers(record.errors[-1], record.attempt))
+    if record is not None:
+        headers[DEAD_LETTER_HEADER] = json.dumps(record.to_dict(), separators=(",", ":"))
+        if record.errors:
+            headers.update(error_headers(record.errors[-1], record.attempt))
     properties = message.properties or {}
     extra = {k: properties[k] for k in _COPIED_PROPERTIES if properties.get(k) is not None}
     queue = Queue(queue_name, routing_key=queue_name, durable=True,  # type: ignore[no-untyped-call]

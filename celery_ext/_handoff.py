@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 from kombu.exceptions import SerializationError, SerializerNotInstalled
 
 from ojs_adapters.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
-from ojs_adapters.failure import Failure, error_type_of
+from ojs_adapters.failure import Failure
 
 T = TypeVar("T")
 
@@ -65,8 +65,6 @@ BACKEND_RETRY_SETTING = "ojs_backend_retry"
 #: Confirming connections at most kept per app.
 POOL_LIMIT = 16
 
-#: Error type recorded when a successor cannot be published for a reason other than the broker.
-UNPUBLISHABLE_TYPE = "ojs.successor_unpublishable"
 
 #: Registry of confirming connection pools, one per app.
 _POOLS_REGISTRY: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -136,28 +134,16 @@ class Unpublishable(Exception):
 
 
 def unpublishable(successor: str, error: BaseException) -> Failure:
-    """The failure recorded when ``successor`` (``"retry"``) cannot be published for a reason
-    other than the broker: trying again cannot help, so the job is dead-lettered whatever
-    the policy says (handler code ``DEAD_LETTER``, the adapter answering for a successor
-    that cannot exist, as ``Failure.invalid_payload`` does for an unreadable message).
-    kombu's serializer errors are unwrapped, so the entry is the one ``dramatiq_ext``
-    records for the same cause.
+    """``Failure.unpublishable`` for ``error``, with kombu's serializer wrapper unwrapped so
+    the entry is the one ``dramatiq_ext`` records for the same cause.
 
     >>> from kombu.exceptions import EncodeError
     >>> f = unpublishable("retry", Unpublishable(EncodeError(TypeError("not JSON"))))
-    >>> f.catalog_code, f.handler_code, f.message
-    ('INVALID_PAYLOAD', 'DEAD_LETTER', 'the retry could not be published: TypeError: not JSON')
+    >>> f.message
+    'the retry could not be published: TypeError: not JSON'
     """
     cause = error.cause if isinstance(error, Unpublishable) else error
     if isinstance(cause, SerializationError) and cause.args and \
             isinstance(cause.args[0], BaseException):
         cause = cause.args[0]  # kombu's wrapper of the encoder's own error
-    kind = error_type_of(type(cause))
-    try:
-        text = str(cause) or kind
-    except Exception:  # a broken __str__ must not break the dead letter
-        text = kind
-    return Failure(UNPUBLISHABLE_TYPE, f"the {successor} could not be published: {kind}: {text}",
-                   (UNPUBLISHABLE_TYPE,), catalog_code="INVALID_PAYLOAD",
-                   handler_code="DEAD_LETTER", details={"successor": successor, "cause": kind},
-                   retryable=False)
+    return Failure.unpublishable(successor, cause)

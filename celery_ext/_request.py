@@ -42,9 +42,10 @@ from celery.exceptions import TimeLimitExceeded
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
+from celery_ext import _deadletter
 from celery_ext._alerts import dead_lettered
 from celery_ext._deadletter import publish_dead_letter
-from celery_ext._handoff import TOKEN_HEADER, confirming_connection, with_retry
+from celery_ext._handoff import with_retry
 from celery_ext._headers import HeaderState
 from celery_ext._heartbeat import hold
 from celery_ext._parking import restore_delivery_info
@@ -101,7 +102,8 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
                          "dead-lettering the original as it came", self.name, self.id, queue,
                          type(error).__name__, error, exc_info=error)
             try:
-                _publish_as_it_came(self.task.app, self._message, queue)
+                # the module's own function: no OJS headers this time, just the original
+                _deadletter.publish_dead_letter(self.task.app, self._message, queue, None)
             except Exception:
                 logger.exception("%s[%s]: could not publish to dead-letter queue %r; "
                                  "requeueing", self.name, self.id, queue)
@@ -145,26 +147,6 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
             logger.warning("%s[%s]: cannot mark the time limit in the job record",
                            self.name, self.id, exc_info=True)
         self.reject(requeue=True)
-
-
-def _publish_as_it_came(app: Any, message: Any, queue_name: str) -> None:
-    """Publish ``message`` to ``queue_name`` with its own body and headers only (no
-    ``ojs-dead-letter`` record, no ``x-ojs-*``): the dead letter when the full one cannot
-    be published for a reason other than the broker."""
-    from kombu.entity import Queue
-
-    headers = {k: v for k, v in (message.headers or {}).items() if k != TOKEN_HEADER}
-    queue = Queue(queue_name, routing_key=queue_name, durable=True,  # type: ignore[no-untyped-call]
-                  auto_delete=False)
-
-    def publish_once() -> None:
-        with confirming_connection(app) as conn:
-            conn.Producer().publish(
-                message.body, exchange="", routing_key=queue_name,
-                content_type=message.content_type, content_encoding=message.content_encoding,
-                headers=headers, delivery_mode=2, declare=[queue], retry=False)
-
-    with_retry(app, publish_once, operation="publish dead letter")
 
 
 def _pool_process_exited(pid: int | None) -> bool:

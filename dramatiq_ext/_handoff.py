@@ -25,7 +25,7 @@ redelivery of that copy, never a second copy that could find the attempt "other"
 
 A successor that cannot be published for a reason other than the broker (it cannot be
 encoded, a middleware's ``before_enqueue`` refuses it) would fail alike on every try:
-the job is dead-lettered instead, with a history entry naming why (``unpublishable``),
+the job is dead-lettered instead, with a history entry naming why (``Failure.unpublishable``),
 as ``celery_ext`` does.
 """
 
@@ -43,12 +43,9 @@ from dramatiq.message import Message
 
 from dramatiq_ext._parking import Parking
 from ojs_adapters.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
-from ojs_adapters.failure import Failure, error_type_of
 
 #: Message option holding the token of one published copy.
 TOKEN_OPTION = "ojs_token"
-#: Error type recorded when a successor cannot be published for a reason other than the broker.
-UNPUBLISHABLE_TYPE = "ojs.successor_unpublishable"
 
 
 class Publisher:
@@ -170,23 +167,3 @@ def _is_rabbitmq(broker: Broker) -> bool:
     return isinstance(broker, RabbitmqBroker)
 
 
-def unpublishable(successor: str, error: BaseException) -> Failure:
-    """The failure recorded when ``successor`` (``"retry"``) cannot be published for a reason
-    other than the broker: trying again cannot help, so the job is dead-lettered whatever
-    the policy says (handler code ``DEAD_LETTER``, the adapter answering for a successor
-    that cannot exist, as ``Failure.invalid_payload`` does for an unreadable message).
-    ``celery_ext._handoff.unpublishable`` records the same entry for the same cause.
-
-    >>> f = unpublishable("retry", TypeError("not JSON"))
-    >>> f.catalog_code, f.handler_code, f.message
-    ('INVALID_PAYLOAD', 'DEAD_LETTER', 'the retry could not be published: TypeError: not JSON')
-    """
-    kind = error_type_of(type(error))
-    try:
-        text = str(error) or kind
-    except Exception:  # a broken __str__ must not break the dead letter
-        text = kind
-    return Failure(UNPUBLISHABLE_TYPE, f"the {successor} could not be published: {kind}: {text}",
-                   (UNPUBLISHABLE_TYPE,), catalog_code="INVALID_PAYLOAD",
-                   handler_code="DEAD_LETTER", details={"successor": successor, "cause": kind},
-                   retryable=False)

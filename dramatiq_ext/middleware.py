@@ -70,7 +70,7 @@ goes without it (logged, counted ``write job record:abandoned``).
 A successor that cannot be published for a reason other than the broker (it cannot be
 encoded, another middleware's ``before_enqueue`` raises) would fail alike on every try.
 A retry is then decided again: the job is dead-lettered with a history entry naming why
-(``_handoff.unpublishable``), saved and reported (only that decision is reported); a
+(``Failure.unpublishable``), saved and reported (only that decision is reported); a
 dead-letter hop that cannot be published fails the original into ``.XQ`` as it came
 (the record keeps the history). ``celery_ext`` does the same.
 
@@ -129,7 +129,7 @@ from dramatiq.middleware.time_limit import TimeLimitExceeded
 from dramatiq_ext._alerts import dead_lettered
 from dramatiq_ext._context import clear_current_job, set_current_job
 from dramatiq_ext._dead_letter import dead_letter_in_place
-from dramatiq_ext._handoff import TOKEN_OPTION, Publisher, is_redis, unpublishable
+from dramatiq_ext._handoff import TOKEN_OPTION, Publisher, is_redis
 from dramatiq_ext._lease import HEARTBEAT
 from dramatiq_ext._notices import check_store, replaced_retries
 from dramatiq_ext._options import (
@@ -590,10 +590,10 @@ class OjsRetries(Middleware):
     def _dead_letter_instead(self, broker: Broker, message: MessageProxy, record: JobRecord,
                              error: BaseException) -> None:
         """The retry ``record`` decided cannot be published for a reason other than the
-        broker: decide again on that failure (``_handoff.unpublishable``: dead letter), save
+        broker: decide again on that failure (``Failure.unpublishable``: dead letter), save
         and report it, and hand off the dead letter (``_REDECIDED`` tells ``_execute``)."""
         decision = decide(self._policy(broker, message), record.attempt,
-                          unpublishable("retry", error))
+                          Failure.unpublishable("retry", error))
         self.logger.error("%s[%s]: %s; dead-lettering the job.", message.actor_name,
                           message.message_id, decision.entry.message, exc_info=error)
         record = record.failed(decision.entry, action=decision.action,

@@ -31,6 +31,8 @@ _new = cast(Callable[..., "Failure"], tuple.__new__)
 WORKER_LOST_TYPE = "ojs.worker_lost"
 #: Error type recorded for a message whose OJS state cannot be read.
 INVALID_PAYLOAD_TYPE = "ojs.invalid_payload"
+#: Error type of a successor that cannot be published for a reason other than the broker.
+UNPUBLISHABLE_TYPE = "ojs.successor_unpublishable"
 
 
 class JobError(Exception):
@@ -136,6 +138,27 @@ class Failure(NamedTuple):
                    (INVALID_PAYLOAD_TYPE,), catalog_code="INVALID_PAYLOAD",
                    handler_code="DEAD_LETTER",
                    details={"field": field, "rule": rule, "value": value}, retryable=False)
+
+    @classmethod
+    def unpublishable(cls, successor: str, cause: BaseException) -> Failure:
+        """The failure recorded when ``successor`` (``"retry"``) cannot be published for a
+        reason other than the broker (``cause``: it cannot be encoded, a middleware refuses
+        it). Trying again cannot help, so the job is dead-lettered whatever the policy says
+        (``handler_code`` ``DEAD_LETTER``, as for ``invalid_payload``).
+
+        >>> f = Failure.unpublishable("retry", TypeError("not JSON"))
+        >>> f.catalog_code, f.handler_code, f.message
+        ('INVALID_PAYLOAD', 'DEAD_LETTER', 'the retry could not be published: TypeError: not JSON')
+        """
+        kind = error_type_of(type(cause))
+        try:
+            text = str(cause) or kind
+        except Exception:  # a broken __str__ must not break the dead letter
+            text = kind
+        return cls(UNPUBLISHABLE_TYPE, f"the {successor} could not be published: {kind}: {text}",
+                   (UNPUBLISHABLE_TYPE,), catalog_code="INVALID_PAYLOAD",
+                   handler_code="DEAD_LETTER", details={"successor": successor, "cause": kind},
+                   retryable=False)
 
 
 def error_type_of(exc_type: type[BaseException]) -> str:
