@@ -306,7 +306,9 @@ class _Run:
         if begun is None:
             begun = self.begin()
         if begun is None:  # not the Redis backend, or unreachable: one call each
-            record = self.load()
+            # A record that cannot be read is not a missing one: judged as missing, a
+            # copy's own redelivery ("mine") would count its finished attempt lost.
+            record = self.load_for_admission()
             claimed = self.claim()
             if claimed == "new" and record is not None and record == self.started_record:
                 # our own start, by a ``begin`` whose replies were all lost: not a crash
@@ -362,6 +364,18 @@ class _Run:
                 return claimed
             except Exception:
                 self.give_back_or_wait("the job store is out of reach")
+
+    def load_for_admission(self) -> JobRecord | None:
+        """The stored record, waiting while the store is out of reach, as ``claim`` does:
+        given back to the broker unrun past the deadline."""
+        while True:
+            try:
+                record: JobRecord | None = with_retry(
+                    self.task.app, lambda: self.store.load(self.request.id),
+                    operation="read job record")
+                return record
+            except Exception:
+                self.give_back_or_wait("the job record cannot be read")
 
     def claim_key(self) -> str:
         """``<task id>:<attempt>``, plus the replay round of a replayed dead letter."""
