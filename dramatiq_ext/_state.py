@@ -7,7 +7,8 @@ holds its own history even without a record store. ``"dead_letter": true``
 marks the hop that carries a dead-lettered job to the ``.XQ`` queue (see
 ``middleware``). A job sent again from the dead-letter queue also carries
 ``"replay_count"`` and ``"last_replayed_at"`` (``ojs_adapters.dlq``), kept on
-every later hop.
+every later hop. A retry carries its record's ``"countdowns"`` and ``"delays_ms"``, so
+the admission call can write the next attempt's whole ``active`` record.
 
 Hostile or malformed input (``MessageState.of`` never raises) is handled per field:
 
@@ -22,7 +23,9 @@ Hostile or malformed input (``MessageState.of`` never raises) is handled per fie
 - ``first_attempt_at`` (POSIX seconds, for ``max_duration``) and ``previous_delay``
   (seconds, for decorrelated jitter): dropped unless a finite number >= 0;
 - ``dead_letter``: only ``true`` counts; ``replay_count``: only an int > 0;
-  ``last_replayed_at``: only a string, cut to 64 characters; any other key: ignored.
+  ``last_replayed_at``: only a string, cut to 64 characters; ``countdowns`` and
+  ``delays_ms``: only lists of numbers >= 0 (ints for ``delays_ms``), else not carried
+  (the record is then read and saved as before); any other key: ignored.
 
 The message's own ``retry_policy`` option is not read here: an invalid one is
 ignored (logged) and the actor's policy applies (``middleware``).
@@ -72,6 +75,11 @@ class MessageState(NamedTuple):
     invalid: Failure | None = None
     first_attempt_at: float | None = None
     previous_delay: float | None = None
+    #: The record's ``countdowns`` and ``delays_ms`` so far (``None``: not carried, as
+    #: in messages sent before they were): with them, the message alone makes the whole
+    #: ``active`` record of a later attempt, written in the admission call.
+    countdowns: tuple[float, ...] | None = None
+    delays_ms: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> MessageState:
@@ -91,7 +99,8 @@ class MessageState(NamedTuple):
         return cls(attempt or 1, errors, raw.get("dead_letter") is True, replays,
                    bound_message(replayed_at, 64) if isinstance(replayed_at, str) else None,
                    invalid, _seconds(raw.get("first_attempt_at")),
-                   _seconds(raw.get("previous_delay")))
+                   _seconds(raw.get("previous_delay")), _numbers(raw.get("countdowns"), float),
+                   _numbers(raw.get("delays_ms"), int))
 
     def after(self, entry: ErrorEntry, *, keep: int) -> MessageState:
         """The state with ``entry`` appended (newest ``keep`` kept)."""
@@ -110,6 +119,9 @@ class MessageState(NamedTuple):
             out["first_attempt_at"] = self.first_attempt_at
         if self.previous_delay is not None:
             out["previous_delay"] = self.previous_delay
+        if self.countdowns is not None and self.delays_ms is not None:
+            out["countdowns"] = list(self.countdowns)
+            out["delays_ms"] = list(self.delays_ms)
         return out
 
 
@@ -118,6 +130,22 @@ def _seconds(value: Any) -> float | None:
     if type(value) in (int, float) and math.isfinite(value) and value >= 0:
         return float(value)
     return None
+
+
+def _numbers(value: Any, kind: type[float] | type[int]) -> Any:
+    """``value`` as a tuple of finite numbers >= 0 of ``kind`` (at most
+    ``MAX_DECODED_ENTRIES``), or ``None`` if it is anything else (then not carried).
+
+    >>> _numbers([0.5, 1], float), _numbers([1, "x"], float), _numbers([250], int)
+    ((0.5, 1.0), None, (250,))
+    """
+    if not isinstance(value, list) or len(value) > MAX_DECODED_ENTRIES:
+        return None
+    if kind is int:
+        ok = all(type(v) is int and v >= 0 for v in value)
+        return tuple(value) if ok else None
+    seconds = [_seconds(v) for v in value]
+    return None if any(v is None for v in seconds) else tuple(seconds)
 
 
 def _invalid(name: str, rule: str, value: Any) -> Failure:

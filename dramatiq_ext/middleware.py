@@ -419,10 +419,12 @@ class OjsRetries(Middleware):
                           decide(policy, state.attempt, state.invalid))
             raise _AttemptConsumed("unreadable OJS state: dead-lettered (INVALID_PAYLOAD)")
         nonce = uuid.uuid4().hex  # this delivery: a retried claim whose reply was lost is ours
-        # A first attempt has no record yet: ``begin`` may write it with the claim.
-        fresh = self._new_record(message, policy, state).started(1) \
-            if state.attempt == 1 else None
-        # Lease, claim, record read (and a first attempt's ``active``): one round trip.
+        # ``begin`` may write the ``active`` record with the claim: a first attempt's (no
+        # record yet), or a later one's when the message carries the whole record
+        # (``MessageState.countdowns``), over the record of the attempt before.
+        fresh = self._new_record(message, policy, state).started(state.attempt) \
+            if state.attempt == 1 or state.countdowns is not None else None
+        # Lease, claim, record read and ``active``: one round trip.
         begun = self._begin(broker, message, state, nonce, fresh, lease=True)
         if begun is not None and begun.leased:
             self._hold_lease(broker, message, state, nonce)
@@ -562,7 +564,8 @@ class OjsRetries(Middleware):
             self._save(broker, record)
             self.logger.debug("Retrying message %r as attempt %d in %d ms.",
                               message.message_id, state.attempt + 1, millis)
-            successor = state._replace(attempt=state.attempt + 1, previous_delay=decision.delay)
+            successor = state._replace(attempt=state.attempt + 1, previous_delay=decision.delay,
+                                       **_carried(record))
             self._hand_off(broker, message, successor, record, millis)
             if vars(message).pop(_REDECIDED, False):
                 return  # not publishable: dead-lettered instead, and that decision reported
@@ -624,7 +627,8 @@ class OjsRetries(Middleware):
         wait = 0.0
         if due:
             wait = (datetime.fromisoformat(due.replace("Z", "+00:00")) - utc_now()).total_seconds()
-        successor = state._replace(attempt=record.attempt + 1, errors=record.errors)
+        successor = state._replace(attempt=record.attempt + 1, errors=record.errors,
+                                   **_carried(record))
         self._hand_off(broker, message, successor, record, to_millis(max(wait, 0.0)))
 
     def _publish_pending(self, broker: Broker, message: MessageProxy, pending: _Pending) -> bool:
@@ -813,7 +817,8 @@ class OjsRetries(Middleware):
             begun: Begun = self.backend_retry.call(
                 lambda: begin(key, token, self.record_ttl, message.message_id,
                               None if fresh is None else fresh.to_dict(),
-                              **({"lease_ms": lease_ms()} if lease else {})),
+                              **({"lease_ms": lease_ms()} if lease else {}),
+                              **({"attempt": state.attempt} if state.attempt > 1 else {})),
                 operation="claim attempt")
         except Exception:
             return None
@@ -891,10 +896,17 @@ class OjsRetries(Middleware):
 
     def _new_record(self, message: MessageProxy, policy: RetryPolicy,
                     state: MessageState) -> JobRecord:
-        """A record from what the message carries (no record yet, or the store is down)."""
+        """A record from what the message carries (no record yet, the store is down, or
+        the message carries the whole record: ``MessageState.countdowns``)."""
+        extra: dict[str, Any] = {"idempotency_key": _key_of(message)}
+        if state.countdowns is not None and state.delays_ms is not None:
+            extra.update(countdowns=list(state.countdowns), delays_ms=list(state.delays_ms))
+        if state.replay_count:  # as ``ojs_adapters.dlq.replayed_record`` stamped it
+            extra.update(replay_count=state.replay_count,
+                         last_replayed_at=state.last_replayed_at)
         return JobRecord(id=message.message_id, type=message.actor_name,
                          queue=q_name(message.queue_name), max_attempts=policy.max_attempts,
-                         errors=state.errors, extra={"idempotency_key": _key_of(message)})
+                         errors=state.errors, extra=extra)
 
     def _load(self, broker: Broker, message_id: str) -> JobRecord | None:
         store = self.store_for(broker)
@@ -962,6 +974,14 @@ def _claim_key(message: MessageProxy, state: MessageState, step: str | None = No
     if state.replay_count:
         key += f"/replay{state.replay_count}"
     return key
+
+
+def _carried(record: JobRecord) -> dict[str, Any]:
+    """What a successor's state carries of ``record`` to write its ``active`` record alone."""
+    countdowns, delays = record.extra.get("countdowns"), record.extra.get("delays_ms")
+    if not isinstance(countdowns, list) or not isinstance(delays, list):
+        return {"countdowns": None, "delays_ms": None}
+    return {"countdowns": tuple(countdowns), "delays_ms": tuple(delays)}
 
 
 def _key_of(message: Any) -> str:

@@ -212,15 +212,17 @@ class RedisRecordStore:
         return self._scripts.lease(f"{self.prefix}:lease:{key}", holder, ttl)
 
     def begin(self, key: str, token: str, ttl: int, message_id: str,
-              started: Mapping[str, Any] | None, *, lease_ms: int | None = None) -> Begun:
+              started: Mapping[str, Any] | None, *, lease_ms: int | None = None,
+              attempt: int | None = None) -> Begun:
         """``claim`` and ``load`` in one round trip, saving ``started`` (if given) when
-        both find nothing (a new claim, no record): a first attempt's whole start. With
-        ``lease_ms``, the attempt's lease is taken for ``token`` first, in the same call."""
+        both find nothing (a new claim, no record), or, with ``attempt``, a record of an
+        earlier attempt: an attempt's whole start. With ``lease_ms``, the attempt's lease
+        is taken for ``token`` first, in the same call."""
         text = None if started is None else json.dumps(started, separators=(",", ":"))
         return begin_on_redis(
             self.client, claim_key=f"{self.prefix}:claim:{key}",
             record_key=f"{self.prefix}:{message_id}", token=token, claim_ttl_ms=ttl,
-            started=text, record_ttl_ms=self.ttl,
+            started=text, record_ttl_ms=self.ttl, attempt=attempt,
             lease_key=None if lease_ms is None else f"{self.prefix}:lease:{key}",
             lease_ttl_ms=lease_ms or 0)
 

@@ -255,3 +255,20 @@ def test_ret08_handler_retry_records_its_cause_with_code_retry(env: Env) -> None
         ("RuntimeError", "RETRY", "retry requested by the handler")]
     assert record.extra["countdowns"][0] == 0.3  # the handler's 300 ms over the policy's 50
     assert calls[1] - calls[0] >= 0.3
+
+
+def test_a_retry_carries_its_record_so_admission_writes_it_active(env: Env) -> None:
+    """The retry's ``options["ojs"]`` carries ``countdowns`` and ``delays_ms``: with them the
+    admission script writes attempt 2's whole ``active`` record (docs/cost.md), and the
+    final record is the same as when it was read and saved in two more round trips."""
+    calls: list[float] = []
+    actor = env.actor(flaky(1, calls), retry_policy={**FAST, "max_attempts": 3})
+    env.start()
+    message = actor.send()
+    record = env.wait_record(message.message_id)
+    [(retry, delay)] = env.log.retries(message.message_id)
+    carried = retry.options["ojs"]
+    assert (carried["countdowns"], carried["delays_ms"], delay) == ([0.05], [50], 50)
+    assert (record.state, record.attempt, record.extra["countdowns"],
+            record.extra["delays_ms"]) == ("completed", 2, [0.05], [50])
+    assert [e.attempt for e in record.errors] == [1]
