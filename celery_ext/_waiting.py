@@ -38,7 +38,7 @@ from ojs_adapters import browse
 from ojs_adapters.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
 from ojs_adapters.handoff import attempt_id
 from ojs_adapters.history import utc_now
-from ojs_adapters.runtime.parked_scan import ParkedSetScan
+from ojs_adapters.runtime.parked_scan import ParkedSetScan, memory_page
 from ojs_adapters.stats import StatsReader
 
 logger = logging.getLogger("celery_ext")
@@ -126,12 +126,7 @@ class CeleryRetryView(ParkedSetScan):
             "parked", "Parked in the RabbitMQ delay levels", listable=False, actionable=False,
             count=levels, note=f"Messages in {where} cannot be read or moved without consuming "
             "them, and with no Redis result backend the workers keep no index of them.")
-        if self.redis is not None:
-            parked = replace(parked, listable=True, actionable=True, count=int(
-                self.redis.zcount(self.parked_key, time.time() - browse.INDEX_GRACE, "+inf")),
-                note=f"Listed from the index the workers keep on the result backend; {where} "
-                "keep an original whose retry ran early or was discarded until due, then drop it.")
-        return [parked, WaitingSource(
+        return [self._indexed(parked, where, "on the result backend"), WaitingSource(
             "held", "Held by workers", listable=False, actionable=False, count=None,
             note="Retries due within ojs_park_after (60 s) wait unacked in a worker; AMQP can "
                  "neither count nor list them."), browse.decided_source(
@@ -143,16 +138,11 @@ class CeleryRetryView(ParkedSetScan):
             return browse.decided_page(self.stats, "celery", filters, page=page,
                                        per_page=per_page)
         if source == "held" and not self.amqp:
-            start = (page - 1) * per_page
-            found = sorted((x for x in self._held() if filters.matches(x)),
-                           key=lambda x: x.due_at or datetime.min.replace(tzinfo=timezone.utc))
-            return WaitingPage(tuple(found[start:start + per_page]), page, per_page, len(found))
+            return memory_page(self._held(), filters, page=page, per_page=per_page)
         if source != "parked" or self.redis is None:
             return WaitingPage((), page, per_page, 0)
-        # the index keeps entries a while after they came due (and ran): not listed
-        low = time.time() - browse.INDEX_GRACE if self.amqp else float("-inf")
-        return self._page(filters, _needles(filters, self.prefix), low=low, page=page,
-                          per_page=per_page)
+        return self._parked_page(filters, _needles(filters, self.prefix), page=page,
+                                 per_page=per_page)
 
     def retry_now(self, source: str, ids: Sequence[str]) -> int:
         if source != "parked" or self.redis is None:

@@ -41,7 +41,7 @@ from ojs_adapters.browse import WaitingFilter, WaitingPage, WaitingRetry, Waitin
 from ojs_adapters.delay_levels import BITS
 from ojs_adapters.handoff import HEADER_NAMES, attempt_id
 from ojs_adapters.history import JobRecord, iso_utc, utc_now
-from ojs_adapters.runtime.parked_scan import ParkedSetScan
+from ojs_adapters.runtime.parked_scan import ParkedSetScan, memory_page
 from ojs_adapters.stats import StatsReader
 
 logger = logging.getLogger(__name__)
@@ -154,12 +154,7 @@ class DramatiqRetryView(ParkedSetScan):
             "parked", "Parked in the RabbitMQ delay levels", listable=False, actionable=False,
             count=counts[True], note=f"Messages in {where} cannot be read or moved without "
             "consuming them, and with records not in Redis the workers keep no index of them.")
-        if self.redis is not None:
-            parked = replace(parked, listable=True, actionable=True, count=int(
-                self.redis.zcount(self.parked_key, time.time() - browse.INDEX_GRACE, "+inf")),
-                note=f"Listed from the index the workers keep beside the job records; {where} "
-                "keep an original whose retry ran early or was discarded until due, then drop it.")
-        return [parked, WaitingSource(
+        return [self._indexed(parked, where, "beside the job records"), WaitingSource(
             "delayed", "In the delay queues", listable=False, actionable=False,
             count=counts[False], note="Ready messages in <queue>.DQ that no worker took yet; "
             "the ones a worker holds until due are not counted by AMQP.")]
@@ -170,15 +165,10 @@ class DramatiqRetryView(ParkedSetScan):
             return browse.decided_page(self.stats, "dramatiq", filters, page=page,
                                        per_page=per_page)
         if source == "delayed" and not self.amqp:
-            start = (page - 1) * per_page
-            found = sorted((x for x in self._delayed() if filters.matches(x)),
-                           key=lambda x: x.due_at or datetime.min.replace(tzinfo=timezone.utc))
-            return WaitingPage(tuple(found[start:start + per_page]), page, per_page, len(found))
+            return memory_page(self._delayed(), filters, page=page, per_page=per_page)
         if source != "parked" or self.redis is None:
             return WaitingPage((), page, per_page, 0)
-        # the index keeps entries a while after they came due (and ran): not listed
-        low = time.time() - browse.INDEX_GRACE if self.amqp else float("-inf")
-        return self._page(filters, _needles(filters), low=low, page=page, per_page=per_page)
+        return self._parked_page(filters, _needles(filters), page=page, per_page=per_page)
 
     def retry_now(self, source: str, ids: Sequence[str]) -> int:
         if source != "parked" or self.redis is None:

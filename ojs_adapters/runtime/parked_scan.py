@@ -9,10 +9,19 @@ reads (``_parked``, and lightly ``_matches``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
+from datetime import datetime, timezone
 from typing import Any
 
-from ojs_adapters.browse import WaitingFilter, WaitingPage, WaitingRetry
+from ojs_adapters.browse import (
+    INDEX_GRACE,
+    WaitingFilter,
+    WaitingPage,
+    WaitingRetry,
+    WaitingSource,
+)
 
 #: Members read per round trip while filtering the parked set.
 CHUNK = 1000
@@ -27,11 +36,39 @@ def glob_escape(text: str) -> str:
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
+def memory_page(retries: Iterable[WaitingRetry], filters: WaitingFilter, *, page: int,
+                per_page: int) -> WaitingPage:
+    """Page ``page`` of ``retries`` (a worker's own, in memory) that pass ``filters``,
+    soonest first."""
+    start = (page - 1) * per_page
+    found = sorted((x for x in retries if filters.matches(x)),
+                   key=lambda x: x.due_at or datetime.min.replace(tzinfo=timezone.utc))
+    return WaitingPage(tuple(found[start:start + per_page]), page, per_page, len(found))
+
+
 class ParkedSetScan:
     """Mixin: ``_page``, ``_members``, ``_act`` and ``_scan`` over ``parked_key`` with the
-    client ``redis``."""
+    client ``redis``; on RabbitMQ (``amqp``) the set is the index workers keep."""
 
     redis: Any
+    amqp: bool
+
+    def _indexed(self, parked: WaitingSource, where: str, kept_by: str) -> WaitingSource:
+        """``parked`` (RabbitMQ's delay levels, in ``where``) listed and actionable from the
+        index the workers keep ``kept_by``, if there is a Redis for it."""
+        if self.redis is None:
+            return parked
+        return replace(parked, listable=True, actionable=True, count=int(
+            self.redis.zcount(self.parked_key, time.time() - INDEX_GRACE, "+inf")),
+            note=f"Listed from the index the workers keep {kept_by}; {where} keep an "
+            "original whose retry ran early or was discarded until due, then drop it.")
+
+    def _parked_page(self, filters: WaitingFilter, needles: list[bytes], *, page: int,
+                     per_page: int) -> WaitingPage:
+        """``_page`` of the parked set; the index keeps entries a while after they came due
+        (and ran), which are not listed."""
+        low = time.time() - INDEX_GRACE if self.amqp else float("-inf")
+        return self._page(filters, needles, low=low, page=page, per_page=per_page)
 
     @property
     def parked_key(self) -> str:
