@@ -531,13 +531,12 @@ class OjsRetries(Middleware):
         """A ``RedisBroker``'s dead letter: the stored body becomes the dead-letter copy (with
         the record's save, one call) and the nack moves it to ``.XQ`` (``_dead_letter``).
         ``False``: not here, or the call failed: publish a copy instead (``_hand_off``)."""
-        options = {STATE_OPTION: state.to_option(), KEY_OPTION: _key_of(message),
-                   **error_headers(record.errors[-1], record.attempt)}
+        dead = _successor(message, state).copy(
+            options=error_headers(record.errors[-1], record.attempt))
         store = self.store_for(broker)
         try:
             done = self.backend_retry.call(lambda: dead_letter_in_place(
-                broker, store, message, message.copy(options=options), record),
-                operation="write dead letter")
+                broker, store, message, dead, record), operation="write dead letter")
         except Exception:
             self.logger.warning("Could not write the dead letter of %r in place; publishing "
                                 "a copy.", message.message_id, exc_info=True)
@@ -613,10 +612,9 @@ class OjsRetries(Middleware):
                   record: JobRecord, delay: int | None) -> None:
         """Publish the successor ``state`` describes; if it fails, keep it for ``before_ack``."""
         attempt = record.attempt if state.dead_letter else state.attempt
-        options = {STATE_OPTION: state.to_option(), KEY_OPTION: _key_of(message)}
         # Inside a test's instant_retries() the broker gets 0 ms; the record keeps the delay.
         delay = broker_delay(delay)
-        pending = _Pending(message.copy(options=options), delay,
+        pending = _Pending(_successor(message, state), delay,
                            error_headers(record.errors[-1], attempt), record)
         self._publish_pending(broker, message, pending)
 
@@ -982,6 +980,11 @@ def _carried(record: JobRecord) -> dict[str, Any]:
     if not isinstance(countdowns, list) or not isinstance(delays, list):
         return {"countdowns": None, "delays_ms": None}
     return {"countdowns": tuple(countdowns), "delays_ms": tuple(delays)}
+
+
+def _successor(message: MessageProxy, state: MessageState) -> Any:
+    """The copy of ``message`` that ``state`` describes (a retry, or the dead letter)."""
+    return message.copy(options={STATE_OPTION: state.to_option(), KEY_OPTION: _key_of(message)})
 
 
 def _key_of(message: Any) -> str:
