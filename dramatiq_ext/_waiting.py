@@ -85,7 +85,7 @@ def index_of(store: Any) -> Index | None:
     backend: Any = getattr(store, "backend", None)
     if not hasattr(getattr(backend, "client", None), "zadd"):
         return None
-    from dramatiq_ext.stores import _RESULTS_QUEUE, _RecordKey  # as ``ResultsRecordStore``
+    from dramatiq_ext._store_results import _RESULTS_QUEUE, _RecordKey  # as its store
 
     return Index(backend.client, f"{backend.namespace}:ojs-record:{PARKED_KEY}", lambda key:
                  backend.build_message_key(_RecordKey(_RESULTS_QUEUE, "ojs-claim", key)))

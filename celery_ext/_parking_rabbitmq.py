@@ -1,0 +1,164 @@
+"""Parking on RabbitMQ: the delay levels a long retry waits in (RET-11, see ``_parking``).
+
+The binary delay topology of kombu's native delayed delivery
+(``kombu.transport.native_delayed_delivery``, which Celery uses for quorum
+queues), under our own names (``ojs_park_prefix``, default ``ojs``): 28 queues
+``<prefix>_celery_delayed_<n>`` with a message TTL of 2**n s, each dead-lettering
+to the next level, and the topic exchange ``<prefix>_celery_delayed_delivery``.
+The retry is published (confirmed, mandatory) to level 27 with the routing key
+``<28 bits of whole seconds>.<queue>``; it waits in each level whose bit is set,
+and the delivery exchange routes it to ``<queue>`` by the binding
+``*.*.(28 words)...*.<queue>``, an exact match whatever the queue's exchange type
+(Celery's own variant needs topic exchanges). The levels are declared once per
+process, as ``broker_native_delayed_delivery_queue_type`` says (Celery's setting,
+default ``quorum``: at-least-once dead-lettering, so a broker crash between two
+levels loses nothing; the attempt claim drops a doubled copy); the binding before
+every park. One fixed set of queues serves every queue of the vhost and any delay
+up to 2**28 s (a longer one waits the rest in the worker). An arriving retry names
+a delay exchange and the bit-prefixed key: ``restore_delivery_info``
+(``OjsRequest``) makes it an anonymous delivery to ``<queue>`` again, so routing,
+the record and the next retry see the queue. ``x-death`` headers are never copied
+into a retry (``_headers``): RabbitMQ drops a message dead-lettered into a level
+its ``x-death`` shows it expired from before, as a cycle. AMQP cannot list the
+levels, so each parked retry is also noted in the console's index
+(``_waiting.index_parked``: one round trip to the Redis result backend, if that
+is the backend).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kombu.transport.native_delayed_delivery import (
+    CELERY_DELAYED_DELIVERY_EXCHANGE,
+    MAX_LEVEL,
+    MAX_NUMBER_OF_BITS_TO_USE,
+    calculate_routing_key,
+    declare_native_delayed_delivery_exchanges_and_queues,
+    level_name,
+)
+
+from celery_ext._parking_channel import _Park
+from ojs_adapters.delay_levels import binding_key
+
+logger = logging.getLogger("celery_ext")
+
+#: App setting: name prefix of the RabbitMQ delay levels and delivery exchange.
+PREFIX_SETTING = "ojs_park_prefix"
+DEFAULT_PREFIX = "ojs"
+#: Longest park on RabbitMQ (28 bits of seconds); a longer countdown waits the rest natively.
+MAX_PARK = 2 ** MAX_NUMBER_OF_BITS_TO_USE - 1
+#: A delay-level routing key: 28 bits, then the destination.
+_BITS = re.compile(rf"^(?:[01]\.){{{MAX_NUMBER_OF_BITS_TO_USE}}}")
+#: Seconds before a failed declaration of the RabbitMQ levels is tried again.
+RETRY_DECLARE = 60.0
+
+
+def prefix_of(app: Any) -> str:
+    """The name prefix of the app's RabbitMQ delay levels."""
+    return str(app.conf.get(PREFIX_SETTING) or DEFAULT_PREFIX)
+
+
+def delivery_exchange(prefix: str) -> str:
+    """The topic exchange the last delay level dead-letters to."""
+    return f"{prefix}_{CELERY_DELAYED_DELIVERY_EXCHANGE}"
+
+
+def restore_delivery_info(message: Any, app: Any) -> None:
+    """Make a retry that came back from the RabbitMQ delay levels an anonymous delivery to
+    its queue (as Celery's own retries are), in place; anything else is left alone."""
+    info = getattr(message, "delivery_info", None)
+    if not isinstance(info, dict):
+        return
+    exchange, key = str(info.get("exchange") or ""), str(info.get("routing_key") or "")
+    if not exchange.startswith(f"{prefix_of(app)}_celery_delayed_"):
+        return
+    bits = _BITS.match(key)
+    if bits is not None and key[bits.end():]:
+        info["exchange"], info["routing_key"] = "", key[bits.end():]
+
+
+class _AmqpPark(_Park):
+    """Publish to the delay levels, for the whole seconds left, bound back to the queue."""
+
+    def __init__(self, queue: str, not_before: float, prefix: str, app: Any) -> None:
+        super().__init__(queue, not_before)
+        self.prefix = prefix
+        self.app = app
+
+    def publish(self, channel: Any, message: Any, exchange: str, routing_key: str,
+                kwargs: Mapping[str, Any]) -> Any:
+        seconds = min(int(self.not_before - time.time()), MAX_PARK)
+        if seconds < 1:  # due already: the native publish
+            return channel.basic_publish(message, exchange=exchange, routing_key=routing_key,
+                                         **kwargs)
+        try:
+            channel.queue_bind(queue=self.queue, exchange=delivery_exchange(self.prefix),
+                               routing_key=binding_key(self.queue))
+            # mandatory: a level deleted under us returns the message (an error) before
+            # the confirm, instead of dropping it
+            sent = channel.basic_publish(
+                message, exchange=level_name(MAX_LEVEL, self.prefix),
+                routing_key=calculate_routing_key(seconds, self.queue),
+                **{**kwargs, "mandatory": True})
+        except Exception:
+            _TOPOLOGY.forget(self.prefix)  # declared again on the next try (the hand-off's)
+            raise
+        from celery_ext._waiting import index_parked  # (it imports ``_parking``, and so this)
+
+        index_parked(self.app, message, self.queue, self.not_before)  # the console lists it
+        return sent
+
+
+class _Topology:
+    """The RabbitMQ delay levels, declared once per process (and prefix, and broker)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._declared: set[tuple[int, str, str]] = set()
+        self._failed: dict[tuple[int, str, str], float] = {}
+
+    def ensure(self, app: Any, conn: Any) -> bool:
+        """Declare the levels if this process has not; ``False`` if they are unavailable.
+
+        A connection error is raised (the hand-off retries it); a channel error (the
+        levels exist with other arguments, an old broker) is logged and parks nothing
+        for ``RETRY_DECLARE`` s.
+        """
+        prefix = prefix_of(app)
+        key = (os.getpid(), prefix, conn.as_uri())
+        with self._lock:
+            if key in self._declared:
+                return True
+            if time.monotonic() - self._failed.get(key, -RETRY_DECLARE) < RETRY_DECLARE:
+                return False
+            queue_type = str(app.conf.get("broker_native_delayed_delivery_queue_type")
+                             or "quorum")
+            with app.connection_for_write() as fresh:
+                try:
+                    declare_native_delayed_delivery_exchanges_and_queues(
+                        fresh, queue_type, prefix)
+                except fresh.connection_errors:
+                    raise
+                except Exception as error:
+                    self._failed[key] = time.monotonic()
+                    logger.error("ojs-adapters: cannot declare the RabbitMQ delay levels "
+                                 "%s_celery_delayed_* (%s queues): %r; long retries wait "
+                                 "in the worker", prefix, queue_type, error)
+                    return False
+            self._declared.add(key)
+            return True
+
+    def forget(self, prefix: str) -> None:
+        """Declare the levels of ``prefix`` again on their next use."""
+        with self._lock:
+            self._declared = {k for k in self._declared if k[1] != prefix}
+
+
+_TOPOLOGY = _Topology()
