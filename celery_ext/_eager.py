@@ -34,16 +34,16 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 
-from celery_ext._attempt import (
-    CONTEXT_ATTRIBUTE,
-    RetryRequested,
-    _header_policy,
-    _jitter_sample,
-    _raise_terminal,
-    _requested_failure,
-)
+from celery_ext._attempt import CONTEXT_ATTRIBUTE
 from celery_ext._budgets import budget_of
 from celery_ext._headers import HEADER, HeaderState, merged
+from celery_ext._inputs import (
+    RetryRequested,
+    header_policy,
+    raise_terminal,
+    requested_failure,
+    task_jitter_sample,
+)
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext.dlq import replay_info
 from celery_ext.records import RecordStore
@@ -87,7 +87,7 @@ class _EagerJob:
     def read(self, headers: Any) -> None:
         """The state, policy and base record of a delivery carrying ``headers``."""
         self.state = HeaderState.from_headers(headers)
-        self.policy: RetryPolicy = _header_policy(self.task, self.state)
+        self.policy: RetryPolicy = header_policy(self.task, self.state)
         self.first_attempt_at = self.state.first_attempt_at or time.time()
         self.key = self.state.idempotency_key or str(self.request.id)
         self.base = JobRecord(
@@ -113,7 +113,7 @@ class _EagerJob:
             self.restore(previous)  # Celery control flow the handler chose
             raise
         except RetryRequested as request:
-            self.fail(_requested_failure(request), request.exc)
+            self.fail(requested_failure(request), request.exc)
         except (SoftTimeLimitExceeded, TimeLimitExceeded) as exc:
             self.fail(describe_failure(exc, catalog_code="HANDLER_TIMEOUT"), exc)
         except Exception as exc:
@@ -136,7 +136,7 @@ class _EagerJob:
         """Decide on the failed attempt: read in the next one (retry) or end the job."""
         sample = None
         if self.policy.jitter:
-            sample = jitter_sample(partial(_jitter_sample, self.task))
+            sample = jitter_sample(partial(task_jitter_sample, self.task))
         budget = budget_of(self.task.app, self.dependency) if self.dependency else None
         decision = decide(
             self.policy, self.state.attempt, error, jitter_sample=sample,
@@ -177,7 +177,7 @@ class _EagerJob:
                 **record.extra, "dead_letter_queue": dead_letter_queue_for(self.task, self.queue)})
         self.save(record)
         self.report(decision)
-        _raise_terminal(self.task, record, exc)
+        raise_terminal(self.task, record, exc)
 
     def report(self, decision: Any) -> None:
         emit(DecisionEvent(framework="celery", job_id=self.request.id, task=self.task.name,

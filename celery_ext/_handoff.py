@@ -32,7 +32,8 @@ Windows that remain (Celery acks in the worker's main process, after the trace):
 
 A successor that cannot be published for a reason other than the broker (kombu cannot
 encode it, a router raises) would fail the same way on every try: the job is
-dead-lettered instead, with a history entry naming why (``unpublishable``), as
+dead-lettered instead, with a history entry naming why (``encoder_cause``,
+``Failure.unpublishable``), as
 ``dramatiq_ext`` does. kombu's ``EncodeError`` derives from ``KombuError``, which
 ``ojs_adapters.backend_retry`` reads as a broker error, so the publish wraps it in
 ``Unpublishable`` first.
@@ -52,7 +53,6 @@ from typing import Any, TypeVar
 from kombu.exceptions import SerializationError, SerializerNotInstalled
 
 from ojs_adapters.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
-from ojs_adapters.failure import Failure
 
 T = TypeVar("T")
 
@@ -133,17 +133,16 @@ class Unpublishable(Exception):
         self.cause = cause
 
 
-def unpublishable(successor: str, error: BaseException) -> Failure:
-    """``Failure.unpublishable`` for ``error``, with kombu's serializer wrapper unwrapped so
-    the entry is the one ``dramatiq_ext`` records for the same cause.
+def encoder_cause(error: BaseException) -> BaseException:
+    """What kept a successor off the broker, kombu's serializer wrapper unwrapped, so the
+    history entry is the one ``dramatiq_ext`` records for the same cause.
 
     >>> from kombu.exceptions import EncodeError
-    >>> f = unpublishable("retry", Unpublishable(EncodeError(TypeError("not JSON"))))
-    >>> f.message
-    'the retry could not be published: TypeError: not JSON'
+    >>> encoder_cause(Unpublishable(EncodeError(TypeError("not JSON"))))
+    TypeError('not JSON')
     """
     cause = error.cause if isinstance(error, Unpublishable) else error
     if isinstance(cause, SerializationError) and cause.args and \
             isinstance(cause.args[0], BaseException):
         cause = cause.args[0]  # kombu's wrapper of the encoder's own error
-    return Failure.unpublishable(successor, cause)
+    return cause

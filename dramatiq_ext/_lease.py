@@ -1,42 +1,136 @@
-"""Attempt leases on Dramatiq (``ojs_adapters.leases``): how a second delivery waits.
+"""A Dramatiq delivery as admission sees it (``ojs_adapters.runtime.admission``).
 
-Dramatiq hands a message out again while its first delivery is still at work when
-RabbitMQ gives back the unacked messages of a dropped connection (the worker goes on
-with it, and holds its ack while a successor or a record cannot be written), when a
-delay-queue message whose ack was lost is forwarded twice, and when Redis queue
-maintenance re-pushes the unacked messages of a worker it takes for dead. Each
-delivery therefore takes the attempt's lease before it claims and reads the record
-(``middleware._lease_attempt``): a copy that judged first and leased after could find
-the record not yet ``active`` and count the attempt lost while its twin had just
-claimed it. The wait for another delivery's lease is no part of the actor's run:
-``time_limit_paused`` stops Dramatiq's ``TimeLimit`` meanwhile.
+Dramatiq hands a message out again while its first delivery is still at work (RabbitMQ
+gives back the unacked messages of a dropped connection, a delay-queue hop can be
+forwarded twice, Redis maintenance re-pushes a worker it takes for dead): each delivery
+takes its attempt's lease before it claims. ``TimeLimit`` is held while it waits (it
+would be taken for the attempt's own timeout) but the wait counts against the limit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, NoReturn
 
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import TimeLimit
 
-from ojs_adapters.leases import Heartbeat
+from dramatiq_ext._handoff import TOKEN_OPTION
+from dramatiq_ext._state import MessageState
+from dramatiq_ext.stores import claim
+from ojs_adapters.backend_retry import BackendRetry
+from ojs_adapters.claims import Begun
+from ojs_adapters.handoff import Claim, attempt_id
+from ojs_adapters.history import JobRecord
+from ojs_adapters.leases import Heartbeat, lease
 
 #: Renews the leases of the Dramatiq deliveries this process works on (a registry).
 HEARTBEAT = Heartbeat()
+#: Attribute of a ``MessageProxy`` naming the holder of its attempt's lease.
+LEASED = "_ojs_lease_holder"
+
+
+class DeliverySeat:
+    """One delivery's store calls, waits and give-back, for ``admit``."""
+
+    def __init__(self, broker: Broker, message: MessageProxy, state: MessageState, *,
+                 store: Any, backend_retry: BackendRetry, record_ttl: int, logger: Any,
+                 started: float, give_back: Callable[[str], NoReturn]) -> None:
+        self.broker, self.message, self.store = broker, message, store
+        self.attempt = state.attempt
+        self.label = f"{message.actor_name}[{message.message_id}]"
+        self.logger = logger
+        self.key = claim_key(message, state)
+        # this delivery: a retried claim whose reply was lost is still ours
+        self.token = f"{token_of(message)}|{uuid.uuid4().hex}"
+        self.retry, self.ttl, self.started = backend_retry, record_ttl, started
+        self.give_back: Callable[[str], NoReturn] = give_back
+
+    def begin(self, fresh: JobRecord | None, lease_ms: int | None) -> Begun | None:
+        begin = getattr(self.store, "begin", None)
+        if begin is None:
+            return None
+        data = None if fresh is None else fresh.to_dict()
+        options: dict[str, Any] = {"lease_ms": lease_ms} if lease_ms is not None else {}
+        if self.attempt > 1:
+            options["attempt"] = self.attempt
+        begun: Begun = self.retry.call(
+            lambda: begin(self.key, self.token, self.ttl, self.message.message_id, data,
+                          **options), operation="claim attempt")
+        return begun
+
+    def lease(self, ttl_ms: int) -> bool | None:
+        taken: bool | None = self.retry.call(
+            lambda: lease(self.store, self.key, self.token, ttl_ms), operation="lease attempt")
+        return taken
+
+    def load(self) -> JobRecord | None:
+        data = self.retry.call(lambda: self.store.load(self.message.message_id),
+                               operation="read job record")
+        return JobRecord.from_dict(data) if data else None
+
+    def claim(self) -> Claim:
+        claimed: Claim = self.retry.call(
+            lambda: claim(self.store, self.key, self.token, self.ttl),
+            operation="claim attempt")
+        return claimed
+
+    def hold_lease(self) -> None:
+        HEARTBEAT.hold(self.store, self.key, self.token)
+        vars(self.message)[LEASED] = self.token
+
+    def waiting(self) -> Any:
+        return time_limit_held(self.broker, self.message, self.started)
+
+
+def claim_key(message: MessageProxy, state: MessageState, step: str | None = None) -> str:
+    """``<message id>:<attempt>`` (``/<step>``, ``/replay<n>``): what a copy claims to run."""
+    key = attempt_id(message.message_id, state.attempt)
+    if step:
+        key += f"/{step}"
+    if state.replay_count:
+        key += f"/replay{state.replay_count}"
+    return key
+
+
+def token_of(message: MessageProxy) -> str:
+    """The token of this copy of the message ("sent": the producer's own send)."""
+    return str(message.options.get(TOKEN_OPTION) or "sent")
+
+
+def time_limit_ms(broker: Broker, message: MessageProxy) -> float | None:
+    """The shortest ``TimeLimit`` this delivery runs under, in ms (``None``: none)."""
+    actor = broker.get_actor(message.actor_name)
+    limits = [message.options.get("time_limit") or actor.options.get("time_limit", m.time_limit)
+              for m in _time_limits(broker)]
+    found = [float(limit) for limit in limits if limit]
+    return min(found) if found else None
 
 
 @contextmanager
-def time_limit_paused(broker: Broker, message: MessageProxy) -> Iterator[None]:
-    """Dramatiq's ``TimeLimit`` stopped for this thread while the adapter waits, then
-    started afresh: a wait for another delivery is no part of the actor's run (its time
-    limit would otherwise end the attempt as ``HANDLER_TIMEOUT`` before it began)."""
-    limits = [m for m in broker.middleware if isinstance(m, TimeLimit)]
+def time_limit_held(broker: Broker, message: MessageProxy, started: float) -> Iterator[None]:
+    """``TimeLimit`` kept from firing in this thread while admission waits, then set again
+    to what is left of the limit since ``started`` (``time.monotonic()``): the wait counts,
+    as a Celery limit counts from the start of the delivery, but never ends the attempt
+    (the wait ends first: ``admission.wait_limit``)."""
+    limits = _time_limits(broker)
     for limit in limits:
         limit.after_process_message(broker, message)  # type: ignore[no-untyped-call]
     try:
         yield
     finally:
+        actor = broker.get_actor(message.actor_name)
+        spent = (time.monotonic() - started) * 1000
         for limit in limits:
-            limit.before_process_message(broker, message)  # type: ignore[no-untyped-call]
+            total = message.options.get("time_limit") or actor.options.get(
+                "time_limit", limit.time_limit)
+            left = max(1, int(float(total) - spent))
+            limit.manager.add_timeout(threading.get_ident(), left)  # type: ignore[no-untyped-call]
 
+
+def _time_limits(broker: Broker) -> list[TimeLimit]:
+    return [m for m in broker.middleware if isinstance(m, TimeLimit)]

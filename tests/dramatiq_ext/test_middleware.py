@@ -210,15 +210,15 @@ def test_worker_threads_racing_for_the_store_share_one(monkeypatch: pytest.Monke
     """
     import threading
 
-    import dramatiq_ext.middleware as middleware_module
+    import dramatiq_ext._settings as settings_module  # where OjsRetries resolves its store
 
-    real = middleware_module.default_store
+    real = settings_module.default_store
 
     def slow_default_store(broker: Any, *, ttl: int) -> Any:
         time.sleep(0.05)  # e.g. the first import of dramatiq.brokers.redis
         return real(broker, ttl=ttl)
 
-    monkeypatch.setattr(middleware_module, "default_store", slow_default_store)
+    monkeypatch.setattr(settings_module, "default_store", slow_default_store)
     ojs = OjsRetries()
     broker = StubBroker(middleware=[ojs])
     barrier = threading.Barrier(8)

@@ -33,8 +33,9 @@ from celery.contrib.testing.worker import start_worker
 from celery.exceptions import Retry
 from celery.worker import state as worker_state
 
-import celery_ext._attempt as attempt_module
 import celery_ext._deadletter as deadletter_module
+import celery_ext._retry_send as retry_send_module  # where a retry is published
+from celery_ext.records import RecordStore
 from ojs_adapters.backend_retry import FAILURES_REGISTRY
 from tests.brokers import AMQP_URL, REDIS_URL
 from tests.celery_ext.support import RUNS, Broker, drain, register_tasks
@@ -151,7 +152,7 @@ def _scenario(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
                 yield conn
         return connection
 
-    real_retry = attempt_module.Task.retry
+    real_retry = retry_send_module.Task.retry
 
     class _Task:  # Task.retry publishing one retry twice (as when an ack is lost), once
         @staticmethod
@@ -166,11 +167,11 @@ def _scenario(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
                 options["headers"] = {**options["headers"], "ojs-token": "the-duplicate"}
             return real_retry(task, **options)
 
-    monkeypatch.setattr(attempt_module, "confirming_connection",
-                        cutting("retry", attempt_module.confirming_connection))
+    monkeypatch.setattr(retry_send_module, "confirming_connection",
+                        cutting("retry", retry_send_module.confirming_connection))
     monkeypatch.setattr(deadletter_module, "confirming_connection",
                         cutting("dead letter", deadletter_module.confirming_connection))
-    monkeypatch.setattr(attempt_module, "Task", _Task)
+    monkeypatch.setattr(retry_send_module, "Task", _Task)
     failures_before = sum(v for k, v in FAILURES_REGISTRY.items() if k.startswith("publish"))
     try:
         with _worker(kind, proxy) as (app, tasks, queue, _broker):
@@ -181,7 +182,7 @@ def _scenario(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
             armed.set()
             # Job records, not result states: Celery writes RETRY after the retry is
             # published, so a fast attempt 2 can finish first and its SUCCESS be overwritten.
-            store = attempt_module.RecordStore(app.backend)
+            store = RecordStore(app.backend)
 
             def ended() -> list[Any] | None:
                 found = [store.load(r.id) for r in results]
@@ -229,7 +230,7 @@ def test_err008_rabbitmq_retry_and_dead_letter_carry_x_ojs_headers(amqp_url: str
                               "max_interval": "PT60S"})
             dead = tasks["scripted"].apply_async(
                 (["raise:job:payment.declined:DEAD_LETTER"],), queue=queue)
-            _until(lambda: attempt_module.RecordStore(app.backend).load(retried.id)
+            _until(lambda: RecordStore(app.backend).load(retried.id)
                    .extra.get("handed_off"), timeout=20)
             [dead_message] = drain(app, f"{queue}.dead_letter", expect=1, timeout=20)
         # the worker stopped: the retry it held for its countdown went back to the queue

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from dramatiq.middleware import CurrentMessage
 
-import dramatiq_ext.middleware as middleware_module
+import dramatiq_ext._outcome as outcome_module  # where the in-place dead letter is called
 from dramatiq_ext._state import MessageState
 from ojs_adapters.backend_retry import FAILURES_REGISTRY
 from tests.brokers import AMQP_URL, REDIS_URL
@@ -166,7 +166,7 @@ def test_issue11_cut_during_retry_and_dead_letter_publish_loses_nothing(
             real(broker, message, delay, headers)  # twice): the second waits, then is dropped
 
     env.ojs.publisher.publish_once = cutting  # type: ignore[method-assign]
-    in_place = middleware_module.dead_letter_in_place
+    in_place = outcome_module.dead_letter_in_place
 
     def cutting_in_place(broker: Any, store: Any, message: Any, dead: Any, record: Any) -> Any:
         # A RedisBroker's dead letter is written in place (``_dead_letter``), not published:
@@ -177,7 +177,7 @@ def test_issue11_cut_during_retry_and_dead_letter_publish_loses_nothing(
                 proxy.cut_for(plan.pop("dead letter"))
         return in_place(broker, store, message, dead, record)
 
-    monkeypatch.setattr(middleware_module, "dead_letter_in_place", cutting_in_place)
+    monkeypatch.setattr(outcome_module, "dead_letter_in_place", cutting_in_place)
     failures_before = sum(v for k, v in FAILURES_REGISTRY.items() if k.startswith("publish"))
     started = time.monotonic()
     ids = [actor.send(i).message_id for i in range(JOBS)]  # all sent before any cut

@@ -15,7 +15,8 @@ the task, and tries again on its next delivery:
   (``CLAIM_WAIT_SECONDS`` set far beyond it shows which bound acts), never ends as a
   ``HANDLER_TIMEOUT`` of an attempt that did not run, and runs once the holder is gone.
 
-``CLAIM_WAIT_SECONDS`` is shortened per test (both adapters read it at each use).
+``CLAIM_WAIT_SECONDS`` is shortened per test (both adapters admit with
+``ojs_adapters.runtime.admission``, which reads it at each use).
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from typing import Any
 
 import pytest
 
-import celery_ext._attempt as celery_attempt
-import dramatiq_ext.middleware as dramatiq_middleware
+import ojs_adapters.runtime.admission as admission
 from tests.handoff.proxy import Proxy
 from tests.lifecycle.lanes import open_lane, wait_until
 
@@ -50,8 +50,7 @@ def store_proxy() -> Iterator[Proxy]:
 
 
 def _claim_wait(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    monkeypatch.setattr(celery_attempt, "CLAIM_WAIT_SECONDS", seconds)
-    monkeypatch.setattr(dramatiq_middleware, "CLAIM_WAIT_SECONDS", seconds)
+    monkeypatch.setattr(admission, "CLAIM_WAIT_SECONDS", seconds)  # both adapters admit here
 
 
 @pytest.mark.broker

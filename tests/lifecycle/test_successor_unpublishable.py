@@ -99,9 +99,9 @@ def test_ret17_a_dead_letter_that_cannot_be_published_goes_as_it_came_once(
     if framework == "dramatiq" and kind == "redis":
         # A RedisBroker's dead letter is written in place, with nothing to publish
         # (``_dead_letter``); the hop this test refuses is the way when that fails.
-        import dramatiq_ext.middleware as middleware_module
+        import dramatiq_ext._outcome as outcome_module
 
-        monkeypatch.setattr(middleware_module, "dead_letter_in_place",
+        monkeypatch.setattr(outcome_module, "dead_letter_in_place",
                             lambda *args, **kwargs: None)
 
     def card_stolen(payload: dict[str, Any], attempt: int) -> None:

@@ -1,0 +1,59 @@
+"""A retry sent the native way (``Task.retry``), through a connection that confirms it.
+
+Each try gets a fresh ``ojs-token`` header, so two tries that both land are told apart
+by their claims; a long countdown is parked on the broker (``_parking``, RET-11).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Reject, Retry
+
+from celery_ext._handoff import (
+    NOT_THE_BROKER,
+    TOKEN_HEADER,
+    Unpublishable,
+    confirming_connection,
+    encoder_cause,
+    new_token,
+    with_retry,
+)
+from celery_ext._parking import parking_producer
+from ojs_adapters.errors import OjsBackendError
+from ojs_adapters.runtime.delivery import Unpublished
+
+
+def send_retry(task: Any, exc: BaseException, *, countdown: float, not_before: float,
+               queue: str, max_retries: int | None, headers: Mapping[str, Any]) -> Retry:
+    """The ``Retry`` Celery raises once the broker accepted the retry (tried in place on
+    broker errors). Raises ``OjsBackendError`` if the broker does not accept it, and
+    ``Unpublished`` if it cannot be published for another reason (every try would fail)."""
+
+    def once() -> Retry:
+        with confirming_connection(task.app) as conn:
+            # a long countdown waits on the broker, not in a worker (RET-11, _parking)
+            producer = parking_producer(task.app, conn, queue=queue,
+                                        not_before=not_before) or conn.Producer()
+            try:
+                Task.retry(task, exc=exc, countdown=countdown, max_retries=max_retries,
+                           retry=False, producer=producer,
+                           headers={**headers, TOKEN_HEADER: new_token()})
+            except Retry as sent:
+                return sent
+            except Reject as rejected:  # Task.retry's wrapping of a failed send
+                reason = rejected.reason
+                if isinstance(reason, NOT_THE_BROKER):  # a KombuError, yet no broker's
+                    raise Unpublishable(reason) from reason
+                raise reason if isinstance(reason, Exception) else rejected from None
+        raise AssertionError("Task.retry returned")  # pragma: no cover - it always raises
+
+    try:
+        sent: Retry = with_retry(task.app, once, operation="publish retry")
+    except OjsBackendError:
+        raise
+    except Exception as error:  # not the broker (a router raises, kombu cannot encode it)
+        raise Unpublished(encoder_cause(error)) from error
+    return sent

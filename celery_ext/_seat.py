@@ -1,0 +1,157 @@
+"""A Celery delivery's hold on its attempt: lease, claim and record calls.
+
+``AttemptSeat`` is the ``Seat`` that ``ojs_adapters.runtime.admission.admit`` takes,
+and it stores the attempt's records: the last save of a delivery gives its lease up in
+the same round trip, riding in Celery's own result write when it can (``_result_ride``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, NoReturn
+
+from celery.exceptions import Reject
+
+from celery_ext._handoff import TOKEN_HEADER, new_token, replay_round, with_retry
+from celery_ext._headers import HeaderState
+from celery_ext.records import RecordStore
+from ojs_adapters import JobRecord
+from ojs_adapters.backend_retry import count_failure
+from ojs_adapters.claims import Begun
+from ojs_adapters.handoff import Claim, attempt_id
+from ojs_adapters.leases import Heartbeat, lease, release
+from ojs_adapters.runtime.admission import wait_limit
+
+logger = logging.getLogger("celery_ext")
+
+#: Renews the leases of the Celery deliveries this process runs (a registry; not
+#: ``_heartbeat``, which keeps Redis deliveries reserved).
+LEASES = Heartbeat()
+
+
+class AttemptSeat:
+    """One delivery's store calls, lease and give-back (``Reject(requeue=True)``)."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        self.request = task.request
+        self.state = HeaderState.from_headers(self.request.headers)
+        self.store = RecordStore(task.backend)
+        self.nonce = new_token()  # this delivery
+        self.attempt = self.state.attempt
+        self.label = f"{task.name}[{self.request.id}]"
+        self.logger = logger
+        self.holder = ""  # this delivery's lease holder, once it took the lease
+        self.released = False  # given up with the outcome's save (one round trip)
+        # past it, an admission wait gives the delivery back (a Celery limit cannot pause)
+        self.deadline = time.monotonic() + wait_limit(self._time_limit())
+
+    def begin(self, fresh: JobRecord | None, lease_ms: int | None) -> Begun | None:
+        assert fresh is not None  # a Celery attempt always writes its ``active`` record
+        return with_retry(self.task.app, lambda: self.store.begin(
+            self.claim_key(), self.token(), fresh, lease_ms=lease_ms),
+            operation="claim attempt")
+
+    def lease(self, ttl_ms: int) -> bool | None:
+        return with_retry(self.task.app, lambda: lease(self.store, self.claim_key(),
+                                                       self.token(), ttl_ms),
+                          operation="lease attempt")
+
+    def load(self) -> JobRecord | None:
+        return with_retry(self.task.app, lambda: self.store.load(self.request.id),
+                          operation="read job record")
+
+    def claim(self) -> Claim:
+        return with_retry(self.task.app, lambda: self.store.claim(self.claim_key(),
+                                                                  self.token()),
+                          operation="claim attempt")
+
+    def hold_lease(self) -> None:
+        """Keep this delivery's lease renewed until the outcome is stored."""
+        self.holder = self.token()
+        LEASES.hold(self.store, self.claim_key(), self.holder)
+
+    def waiting(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def give_back(self, why: str) -> NoReturn:
+        raise Reject(why, requeue=True)
+
+    def release_lease(self) -> None:
+        """Stop renewing the lease, and give it up unless the last save already did."""
+        if self.released:
+            LEASES.drop(self.holder)
+        else:
+            release(LEASES, self.store, self.claim_key(), self.holder)
+
+    def _time_limit(self) -> float | None:
+        """The shortest time limit (hard or soft, seconds) this delivery runs under."""
+        hard, soft = self.request.timelimit or (None, None)
+        conf = self.task.app.conf
+        limits = [float(x) for x in (hard or self.task.time_limit or conf.task_time_limit,
+                                     soft or self.task.soft_time_limit
+                                     or conf.task_soft_time_limit) if x]
+        return min(limits) if limits else None
+
+    def token(self) -> str:
+        """``<copy token>|<delivery nonce>``: a retried claim whose reply was lost stays ours."""
+        copy = str((self.request.headers or {}).get(TOKEN_HEADER) or "sent")
+        return f"{copy}|{self.nonce}"
+
+    def claim_key(self) -> str:
+        """``<task id>:<attempt>``, plus the replay round of a replayed dead letter."""
+        key = attempt_id(self.request.id, self.state.attempt)
+        replays = replay_round(self.request.headers)
+        return f"{key}/replay{replays}" if replays else key
+
+    # -- the record -----------------------------------------------------------------
+
+    def save(self, record: JobRecord, *, force: bool = False, last: bool = False) -> None:
+        """Store ``record``; a write that fails even after its retries is logged and counted.
+
+        A stored record of a later attempt is kept unless ``force`` (``RecordStore.save``).
+        ``last``: the delivery's outcome, which gives up its lease in the same round trip.
+        """
+        release = (self.claim_key(), self.holder) if last and self.holder else None
+        if release is not None:
+            # Renewals stop first: a beat between the save's release and the end of the
+            # delivery would take the released lease again (renewing creates a missing one).
+            LEASES.drop(self.holder)
+        # The outcome rides in the MULTI of Celery's own result write, which follows in
+        # this thread before the ack (``_result_ride``; saved alone if that write does not
+        # come): no round trip of its own.
+        if last and not force and self.store.save_with_result(
+                record, release, lambda: self._save_now(record, force, release)):
+            self.released = release is not None
+            return
+        self._save_now(record, force, release)
+
+    def _save_now(self, record: JobRecord, force: bool,
+                  release: tuple[str, str] | None) -> None:
+        try:
+            if with_retry(self.task.app,
+                          lambda: self.store.save(record, force=force, release=release),
+                          operation="write job record"):
+                self.released = True
+        except Exception:  # never fail the job for its record
+            count_failure("write job record", "failed")
+            logger.warning("%s[%s]: cannot store the job record", self.task.name,
+                           self.request.id, exc_info=True)
+
+    def restore(self, record: JobRecord | None) -> None:
+        """Put back the record and the claim as before this attempt (no record: remove it)."""
+        try:
+            self.store.release(self.claim_key())
+        except Exception:
+            logger.warning("%s[%s]: cannot release the claim", self.task.name,
+                           self.request.id, exc_info=True)
+        if record is not None:
+            self.save(record, force=True)  # an earlier attempt's record over this one's
+            return
+        try:
+            self.store.delete(self.request.id)
+        except Exception:
+            logger.warning("%s[%s]: cannot remove the job record", self.task.name,
+                           self.request.id, exc_info=True)
