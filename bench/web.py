@@ -59,8 +59,8 @@ def _celery(prefix: str, amqp: bool = False) -> Iterator[tuple[str, Callable[[in
     from celery_ext import OjsTask
     from celery_ext._headers import HeaderState
     from celery_ext._waiting import index_key
-    from ojs_adapters.handoff import error_headers
     from ojs_adapters.history import ErrorEntry, JobRecord
+    from ojs_adapters.runtime.handoff import error_headers
 
     app = Celery(prefix, broker=env.AMQP_URL if amqp else env.REDIS_URL, backend=env.REDIS_URL,
                  set_as_current=False, task_cls=OjsTask)
@@ -134,8 +134,8 @@ def _dramatiq(prefix: str, amqp: bool = False) -> Iterator[tuple[str, Callable[[
 
     from dramatiq_ext import OjsRetries
     from dramatiq_ext._waiting import index_of
-    from ojs_adapters.handoff import error_headers
     from ojs_adapters.history import ErrorEntry
+    from ojs_adapters.runtime.handoff import error_headers
 
     if amqp:
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
@@ -192,7 +192,7 @@ def _statistics(prefix: str, framework: str) -> None:
     """A day of decisions: 40 cells per minute hash and per hour hash."""
     import redis
 
-    from ojs_adapters.stats import SEP
+    from ojs_adapters.runtime.stats import SEP
 
     client = redis.Redis.from_url(env.REDIS_URL)
     minute = int(time.time() // 60)

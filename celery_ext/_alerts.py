@@ -2,14 +2,18 @@
 
 ``OjsRequest`` (the worker's main process) calls ``dead_lettered`` right after
 ``publish_dead_letter`` returned, so the hook sees jobs that are on the
-dead-letter queue, not jobs about to be (``ojs_adapters.alerts``).
+dead-letter queue, not jobs about to be (``ojs_adapters.runtime.alerts``).
 """
 
 from __future__ import annotations
 
-from ojs_adapters.alerts import DEAD_LETTER_HOOKS_REGISTRY, DeadLetterEvent, notify_dead_letter
-from ojs_adapters.dlq import DeadLetter, last_error
 from ojs_adapters.history import JobRecord, utc_now
+from ojs_adapters.runtime.alerts import (
+    DEAD_LETTER_HOOKS_REGISTRY,
+    DeadLetterEvent,
+    notify_dead_letter,
+)
+from ojs_adapters.runtime.dlq import DeadLetter, last_error
 
 
 def dead_lettered(record: JobRecord, queue: str) -> None:

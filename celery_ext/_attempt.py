@@ -33,21 +33,13 @@ from celery_ext._retry_send import send_retry
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext._seat import AttemptSeat, logger
 from celery_ext.dlq import replay_info
-from ojs_adapters import (
-    Decision,
-    DecisionEvent,
-    Failure,
-    JobContext,
-    JobRecord,
-    RetryPolicy,
-    decide,
-    describe_failure,
-    emit,
-)
+from ojs_adapters import Decision, JobContext, JobRecord, RetryPolicy, decide
 from ojs_adapters.errors import OjsBackendError
-from ojs_adapters.handoff import error_headers, handed_off
+from ojs_adapters.failure import Failure, describe_failure
 from ojs_adapters.runtime.admission import Admission, admit
 from ojs_adapters.runtime.delivery import Unpublished, carry_out, redecided
+from ojs_adapters.runtime.events import DecisionEvent, emit
+from ojs_adapters.runtime.handoff import error_headers, handed_off
 
 __all__ = ["CONTEXT_ATTRIBUTE", "RetryRequested", "job_context", "run_attempt"]
 

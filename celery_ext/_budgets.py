@@ -1,4 +1,4 @@
-"""Which retry budgets an app's ``OjsTask``s draw on (R-7; ``ojs_adapters.budget``).
+"""Which retry budgets an app's ``OjsTask``s draw on (R-7; ``ojs_adapters.runtime.budget``).
 
 ``app.conf.ojs_retry_budgets`` may hold a ``RetryBudgets`` (its own Redis client,
 share, minimum, per-dependency overrides). Without it, budgets are shared through
@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ojs_adapters.budget import AnyRetryBudget, RetryBudgets
+from ojs_adapters.runtime.budget import AnyRetryBudget, RetryBudgets
 
 #: App setting: a ``RetryBudgets`` to use instead of the default.
 BUDGETS_SETTING = "ojs_retry_budgets"

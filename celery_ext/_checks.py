@@ -31,7 +31,7 @@ from celery_ext._heartbeat import HEARTBEAT_SETTING
 from celery_ext._parking import PARK_SETTING, park_after
 from celery_ext.records import RecordStore
 from ojs_adapters.errors import OjsValidationError
-from ojs_adapters.parking import DEFAULT_PARK_AFTER, park_threshold
+from ojs_adapters.runtime.parking import DEFAULT_PARK_AFTER, park_threshold
 
 logger = logging.getLogger("celery_ext")
 

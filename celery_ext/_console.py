@@ -1,4 +1,4 @@
-"""The console's view of a Celery app (``ojs_adapters.browse``; entry point ``console``).
+"""The console's view of a Celery app (``ojs_adapters.runtime.browse``; entry point ``console``).
 
 Dead letters come from ``celery_ext.dlq`` (the ``ojs-retry dlq`` API, which replays
 and deletes). On Redis, pages are read on the broker: the ``<queue>.dead_letter``
@@ -29,10 +29,10 @@ from celery_ext._parking import prefix_of
 from celery_ext._waiting import CeleryRetryView
 from celery_ext.dlq import open_dead_letter_queue
 from celery_ext.records import get_job_record
-from ojs_adapters.browse import LetterDetails, raw_error_type, raw_string
-from ojs_adapters.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
 from ojs_adapters.history import JobRecord
-from ojs_adapters.stats import StatsReader
+from ojs_adapters.runtime.browse import LetterDetails, raw_error_type, raw_string
+from ojs_adapters.runtime.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
+from ojs_adapters.runtime.stats import StatsReader
 
 #: Envelopes read per round trip while filtering.
 CHUNK = 500

@@ -26,7 +26,7 @@ from kombu.entity import Queue
 
 from celery_ext._handoff import TOKEN_HEADER, confirming_connection, with_retry
 from ojs_adapters import JobRecord
-from ojs_adapters.handoff import error_headers
+from ojs_adapters.runtime.handoff import error_headers
 
 #: Header carrying the job record on a dead-lettered message.
 DEAD_LETTER_HEADER = "ojs-dead-letter"

@@ -30,7 +30,7 @@ from celery_ext.dlq import (
     dead_letter_templates,
     replay_headers,
 )
-from ojs_adapters.dlq import (
+from ojs_adapters.runtime.dlq import (
     MANAGEMENT_OFF,
     AmqpAddress,
     Coverage,

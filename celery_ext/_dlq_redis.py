@@ -23,7 +23,7 @@ from celery_ext.dlq import (
     dead_letter_templates,
     replay_headers,
 )
-from ojs_adapters.dlq import Coverage, DeadLetter, ReplayMark, glob_for, originals
+from ojs_adapters.runtime.dlq import Coverage, DeadLetter, ReplayMark, glob_for, originals
 
 #: KEYS: dead-letter list, target list; ARGV: (dead envelope, copy) pairs. Moves each
 #: envelope still in the dead-letter list; returns how many moved.

@@ -47,18 +47,11 @@ from celery_ext._inputs import (
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext.dlq import replay_info
 from celery_ext.records import RecordStore
-from ojs_adapters import (
-    DecisionEvent,
-    Failure,
-    JobContext,
-    JobRecord,
-    RetryPolicy,
-    decide,
-    describe_failure,
-    emit,
-)
-from ojs_adapters._instant import jitter_sample, note_job, note_record
-from ojs_adapters.handoff import error_headers
+from ojs_adapters import JobContext, JobRecord, RetryPolicy, decide
+from ojs_adapters.failure import Failure, describe_failure
+from ojs_adapters.runtime._instant import jitter_sample, note_job, note_record
+from ojs_adapters.runtime.events import DecisionEvent, emit
+from ojs_adapters.runtime.handoff import error_headers
 
 logger = logging.getLogger("celery_ext")
 

@@ -8,7 +8,7 @@ make that publish safe here:
   ``confirm_publish`` on (``confirming_connection``): on RabbitMQ each publish
   waits for the broker's ack; on Redis the ``LPUSH`` reply is the acceptance.
   Kombu's own publish retries are off, so the retries are ours:
-  ``ojs_adapters.backend_retry`` (5 tries from 100 ms) on backend errors.
+  ``ojs_adapters.runtime.backend_retry`` (5 tries from 100 ms) on backend errors.
 - **Told apart.** Every copy carries a fresh token (header ``ojs-token``): if one
   retry ends up on the broker twice (a confirm or the original's ack was lost,
   and the original came back and published it again), the copy that claims the
@@ -35,7 +35,7 @@ encode it, a router raises) would fail the same way on every try: the job is
 dead-lettered instead, with a history entry naming why (``encoder_cause``,
 ``Failure.unpublishable``), as
 ``dramatiq_ext`` does. kombu's ``EncodeError`` derives from ``KombuError``, which
-``ojs_adapters.backend_retry`` reads as a broker error, so the publish wraps it in
+``ojs_adapters.runtime.backend_retry`` reads as a broker error, so the publish wraps it in
 ``Unpublishable`` first.
 """
 
@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 
 from kombu.exceptions import SerializationError, SerializerNotInstalled
 
-from ojs_adapters.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
+from ojs_adapters.runtime.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
 
 T = TypeVar("T")
 
@@ -60,7 +60,7 @@ T = TypeVar("T")
 TOKEN_HEADER = "ojs-token"
 #: Header a dead-letter replay adds (``celery_ext.dlq``): it starts a new round of claims.
 REPLAY_HEADER = "ojs-replay"
-#: App setting: an ``ojs_adapters.backend_retry.BackendRetry`` for the adapter's broker calls.
+#: App setting: a ``runtime.backend_retry.BackendRetry`` for the adapter's broker calls.
 BACKEND_RETRY_SETTING = "ojs_backend_retry"
 #: Confirming connections at most kept per app.
 POOL_LIMIT = 16

@@ -48,9 +48,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ojs_adapters import MIN_HISTORY, ErrorEntry
+from ojs_adapters import ErrorEntry
 from ojs_adapters.failure import Failure
-from ojs_adapters.history import MAX_DECODED_ENTRIES, decode_entries, read_attempt, short_repr
+from ojs_adapters.history import (
+    MAX_DECODED_ENTRIES,
+    MIN_HISTORY,
+    decode_entries,
+    read_attempt,
+    short_repr,
+)
 from ojs_adapters.keys import read_idempotency_key
 
 #: Name of the message header that carries the OJS state.

@@ -17,8 +17,8 @@ from celery.exceptions import TimeLimitExceeded
 
 from celery_ext._headers import HeaderState
 from celery_ext.exceptions import JobDeadLettered, JobDiscarded
-from ojs_adapters import Failure, JobRecord, OjsValidationError, RetryPolicy, describe_failure
-from ojs_adapters.failure import requested_retry
+from ojs_adapters import JobRecord, OjsValidationError, RetryPolicy
+from ojs_adapters.failure import Failure, describe_failure, requested_retry
 
 logger = logging.getLogger("celery_ext")
 

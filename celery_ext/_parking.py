@@ -60,9 +60,9 @@ from celery_ext._parking_redis import (
     Mover,
     _RedisPark,
 )
-from ojs_adapters.delay_levels import routable
 from ojs_adapters.errors import OjsValidationError
-from ojs_adapters.parking import DEFAULT_PARK_AFTER, park_threshold
+from ojs_adapters.runtime.delay_levels import routable
+from ojs_adapters.runtime.parking import DEFAULT_PARK_AFTER, park_threshold
 
 __all__ = [
     "BATCH",

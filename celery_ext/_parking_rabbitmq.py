@@ -45,7 +45,7 @@ from kombu.transport.native_delayed_delivery import (
 )
 
 from celery_ext._parking_channel import _Park
-from ojs_adapters.delay_levels import binding_key
+from ojs_adapters.runtime.delay_levels import binding_key
 
 logger = logging.getLogger("celery_ext")
 

@@ -23,8 +23,8 @@ from typing import Any
 from kombu.utils.json import dumps
 
 from celery_ext._parking_channel import _Park
-from ojs_adapters._periodic import Periodic
-from ojs_adapters.parking import LEAD
+from ojs_adapters.runtime._periodic import Periodic
+from ojs_adapters.runtime.parking import LEAD
 
 logger = logging.getLogger("celery_ext")
 

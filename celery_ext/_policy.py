@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ojs_adapters import OjsValidationError, RetryPolicy, error_type_of
+from ojs_adapters import OjsValidationError, RetryPolicy
+from ojs_adapters.failure import error_type_of
 from ojs_adapters.migrate import from_celery
 
 #: The app setting holding the default policy of every OjsTask of the app.

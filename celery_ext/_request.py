@@ -51,8 +51,8 @@ from celery_ext._heartbeat import hold
 from celery_ext._parking import restore_delivery_info
 from celery_ext.exceptions import JobDeadLettered
 from celery_ext.records import RecordStore
-from ojs_adapters.backend_retry import backend_error, count_failure
-from ojs_adapters.handoff import handed_off
+from ojs_adapters.runtime.backend_retry import backend_error, count_failure
+from ojs_adapters.runtime.handoff import handed_off
 
 logger = logging.getLogger("celery_ext")
 
@@ -109,7 +109,7 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
                                  "requeueing", self.name, self.id, queue)
                 return False
         logger.info("%s[%s]: dead-lettered to %r", self.name, self.id, queue)
-        dead_lettered(exc.record, queue)  # the on_dead_letter hooks (ojs_adapters.alerts)
+        dead_lettered(exc.record, queue)  # the on_dead_letter hooks (ojs_adapters.runtime.alerts)
         store = RecordStore(self.task.backend)
         try:  # a redelivery of the original now knows the dead letter landed
             with_retry(self.task.app, lambda: store.save(handed_off(exc.record)),

@@ -18,11 +18,11 @@ from celery_ext._handoff import TOKEN_HEADER, new_token, replay_round, with_retr
 from celery_ext._headers import HeaderState
 from celery_ext.records import RecordStore
 from ojs_adapters import JobRecord
-from ojs_adapters.backend_retry import count_failure
-from ojs_adapters.claims import Begun
-from ojs_adapters.handoff import Claim, attempt_id
-from ojs_adapters.leases import Heartbeat, lease, release
 from ojs_adapters.runtime.admission import wait_limit
+from ojs_adapters.runtime.backend_retry import count_failure
+from ojs_adapters.runtime.claims import Begun
+from ojs_adapters.runtime.handoff import Claim, attempt_id
+from ojs_adapters.runtime.leases import Heartbeat, lease, release
 
 logger = logging.getLogger("celery_ext")
 

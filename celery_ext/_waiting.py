@@ -1,4 +1,4 @@
-"""Where a Celery setup keeps its waiting retries, for the console (``ojs_adapters.browse``).
+"""Where a Celery setup keeps its waiting retries, for the console (``runtime.browse``).
 
 - **Redis, parked** (``_parking``): the sorted set ``_ojs.parked``, scored by due time,
   paged on the broker. *Retry now* moves an envelope to its list with the ETA and
@@ -34,12 +34,12 @@ from celery_ext._handoff import TOKEN_HEADER, new_token, replay_round
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._parking import PARKED_KEY, prefix_of
 from celery_ext.records import CLAIM_SUFFIX, RecordStore
-from ojs_adapters import browse
-from ojs_adapters.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
-from ojs_adapters.handoff import attempt_id
 from ojs_adapters.history import utc_now
+from ojs_adapters.runtime import browse
+from ojs_adapters.runtime.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
+from ojs_adapters.runtime.handoff import attempt_id
 from ojs_adapters.runtime.parked_scan import ParkedSetScan, memory_page
-from ojs_adapters.stats import StatsReader
+from ojs_adapters.runtime.stats import StatsReader
 
 logger = logging.getLogger("celery_ext")
 

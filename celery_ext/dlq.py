@@ -1,4 +1,4 @@
-"""Dead-letter management for Celery: ``ojs_adapters.dlq`` over the ``<queue>.dead_letter`` queues.
+"""Dead-letter management for Celery: ``runtime.dlq`` over the ``<queue>.dead_letter`` queues.
 
 An ``OjsTask`` dead-letters the original task message (body untouched) with its
 job record in the ``ojs-dead-letter`` header (``_deadletter``), so each message
@@ -44,9 +44,9 @@ from celery_ext._routing import (
 )
 from celery_ext.records import RecordStore
 from ojs_adapters import JobRecord
-from ojs_adapters.dlq import DeadLetter, DeadLetters, ReplayMark, last_error, originals
-from ojs_adapters.dlq import replayed_record as _replayed_record
-from ojs_adapters.handoff import HEADER_NAMES
+from ojs_adapters.runtime.dlq import DeadLetter, DeadLetters, ReplayMark, last_error, originals
+from ojs_adapters.runtime.dlq import replayed_record as _replayed_record
+from ojs_adapters.runtime.handoff import HEADER_NAMES
 
 #: kombu's deserializer (untyped upstream).
 _loads: Callable[..., Any] = _untyped_loads
@@ -87,7 +87,7 @@ def dead_letter_queue(app: Any, *, queues: Sequence[str] = (), discover: bool = 
 def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
                            queues: Sequence[str] = (),
                            options: Mapping[str, str] | None = None) -> DeadLetters:
-    """The ``ojs_adapters.dlq`` entry point: ``app`` names the Celery app, as ``celery -A`` does.
+    """The ``runtime.dlq`` entry point: ``app`` names the Celery app, as ``celery -A`` does.
 
     ``app`` (``module:attr``, or ``module`` for its ``app``/``celery`` attribute) is
     imported from the current directory, with the modules the app's ``include``

@@ -10,7 +10,7 @@ starts, ``retryable`` with ``next_retry_at`` while a retry waits, and
 all keep no record; the history still travels in the message headers.
 
 Saves are ordered: on the Redis backend a save never replaces a record of a
-later attempt or replay round (``ojs_adapters.handoff.record_rank``), in one
+later attempt or replay round (``ojs_adapters.runtime.handoff.record_rank``), in one
 atomic script (``ORDERED_SAVE_LUA``). The ``handed_off`` mark is written after the
 retry was accepted, and that retry may already have run and stored its own
 record. Other backends write as told.
@@ -33,16 +33,16 @@ from celery.backends.rpc import RPCBackend
 
 from celery_ext._result_ride import attach
 from ojs_adapters import JobRecord
-from ojs_adapters.claims import Begun, begin_on_redis, claim_of
-from ojs_adapters.handoff import ORDERED_SAVE_LUA, Claim, record_rank
-from ojs_adapters.leases import LEASE_LUA, RELEASE_LUA
+from ojs_adapters.runtime.claims import Begun, begin_on_redis, claim_of
 from ojs_adapters.runtime.group_commit import run_script
+from ojs_adapters.runtime.handoff import ORDERED_SAVE_LUA, Claim, record_rank
+from ojs_adapters.runtime.leases import LEASE_LUA, RELEASE_LUA
 
 #: Suffix of the record's key (key-value backends) or pseudo task id (others).
 RECORD_SUFFIX = ".ojs"
 #: Suffix of the key of an attempt's claim (``<task id>:<attempt>``).
 CLAIM_SUFFIX = ".ojs-claim"
-#: Suffix of the key of an attempt's lease (``ojs_adapters.leases``).
+#: Suffix of the key of an attempt's lease (``ojs_adapters.runtime.leases``).
 LEASE_SUFFIX = ".ojs-lease"
 #: Result state under which non key-value backends hold a record.
 RECORD_STATE = "OJS_RECORD"
@@ -140,7 +140,7 @@ class RecordStore:
         return attach(self.backend, record.id, ORDERED_SAVE_LUA, keys, args, save)
 
     def claim(self, key: str, token: str) -> Claim:
-        """Claim attempt ``key`` for the copy ``token`` (``ojs_adapters.handoff.Claim``).
+        """Claim attempt ``key`` for the copy ``token`` (``ojs_adapters.runtime.handoff.Claim``).
 
         ``token`` is ``<copy token>|<delivery nonce>``. First writer wins,
         atomically, on the Redis backend (``SET NX`` on ``<key prefix><key>.ojs-claim``):
@@ -178,7 +178,7 @@ class RecordStore:
 
     def lease(self, key: str, holder: str, ttl: int) -> bool | None:
         """Take or renew the lease on attempt ``key`` for delivery ``holder``, for ``ttl`` ms
-        (``ojs_adapters.leases``): ``False`` while another delivery holds it; ``None`` on
+        (``ojs_adapters.runtime.leases``): ``False`` while another delivery holds it; ``None`` on
         backends other than Redis, which keep no leases."""
         client = self._redis_client()
         if client is None:

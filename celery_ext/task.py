@@ -57,8 +57,8 @@ from ojs_adapters import (
     check_idempotency_key,
     new_idempotency_key,
 )
-from ojs_adapters._instant import active as instant_retries_active
-from ojs_adapters.budget import check_dependency
+from ojs_adapters.runtime._instant import active as instant_retries_active
+from ojs_adapters.runtime.budget import check_dependency
 
 #: Keys of Celery's publish retry policy (kombu ``Connection.ensure``), which is not an OJS policy.
 PUBLISH_RETRY_KEYS = frozenset({"max_retries", "interval_start", "interval_step",

@@ -3,7 +3,7 @@
 ``OjsRetries`` dead-letters a job by enqueuing a copy marked ``dead_letter`` that a
 worker then fails (``message.fail()``), so Dramatiq moves it to ``<queue>.XQ`` with
 its full history. ``after_skip_message`` calls ``dead_lettered`` for that copy
-(``ojs_adapters.alerts``).
+(``ojs_adapters.runtime.alerts``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,13 @@ from dramatiq.common import q_name, xq_name
 
 from dramatiq_ext._options import KEY_OPTION
 from dramatiq_ext._state import MessageState
-from ojs_adapters.alerts import DEAD_LETTER_HOOKS_REGISTRY, DeadLetterEvent, notify_dead_letter
-from ojs_adapters.dlq import DeadLetter, last_error
 from ojs_adapters.history import utc_now
+from ojs_adapters.runtime.alerts import (
+    DEAD_LETTER_HOOKS_REGISTRY,
+    DeadLetterEvent,
+    notify_dead_letter,
+)
+from ojs_adapters.runtime.dlq import DeadLetter, last_error
 
 
 def dead_lettered(message: Any, state: MessageState) -> None:

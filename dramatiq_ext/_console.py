@@ -1,4 +1,4 @@
-"""The console's view of a Dramatiq broker (``ojs_adapters.browse``): entry point
+"""The console's view of a Dramatiq broker (``ojs_adapters.runtime.browse``): entry point
 ``ojs_adapters.console``.
 
 Dead letters come from ``dramatiq_ext.dlq`` (the ``ojs-retry dlq`` API, which
@@ -31,10 +31,10 @@ from dramatiq_ext._state import STATE_OPTION
 from dramatiq_ext._waiting import DramatiqRetryView
 from dramatiq_ext.dlq import dead_letter_of, open_dead_letter_queue
 from dramatiq_ext.middleware import OjsRetries
-from ojs_adapters.browse import LetterDetails, raw_error_type, raw_string
-from ojs_adapters.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
 from ojs_adapters.history import JobRecord
-from ojs_adapters.stats import StatsReader
+from ojs_adapters.runtime.browse import LetterDetails, raw_error_type, raw_string
+from ojs_adapters.runtime.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
+from ojs_adapters.runtime.stats import StatsReader
 
 #: Messages read per round trip while filtering.
 CHUNK = 500

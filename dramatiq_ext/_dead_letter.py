@@ -20,8 +20,8 @@ from typing import Any
 from dramatiq.common import q_name
 
 from ojs_adapters import JobRecord
-from ojs_adapters.handoff import ORDERED_SAVE_BODY, record_rank
 from ojs_adapters.runtime.group_commit import run_script
+from ojs_adapters.runtime.handoff import ORDERED_SAVE_BODY, record_rank
 
 #: KEYS[1] the queue's message hash; ARGV[1] the message's Redis id, ARGV[2] the new body.
 #: -1 if the message is no longer stored there (then nothing is written), else 1.

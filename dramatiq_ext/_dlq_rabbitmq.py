@@ -30,7 +30,7 @@ from dramatiq.message import Message
 from pika.exceptions import ChannelClosedByBroker
 
 from dramatiq_ext.dlq import JobRecords, dead_letter_of, replay_message
-from ojs_adapters.dlq import (
+from ojs_adapters.runtime.dlq import (
     MANAGEMENT_OFF,
     AmqpAddress,
     Coverage,

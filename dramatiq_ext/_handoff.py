@@ -17,7 +17,7 @@ in between, and must be *accepted* first:
 Every copy carries a fresh token (option ``ojs_token``): two copies of one attempt
 (published twice because a confirm or an ack was lost) differ by it, so the
 duplicate is told from a broker redelivery of the same copy (``stores`` claims).
-Each publish is tried in place (``ojs_adapters.backend_retry``); if it still fails
+Each publish is tried in place (``ojs_adapters.runtime.backend_retry``); if it still fails
 the caller holds the ack (``middleware``). A delivery given back to the broker unrun
 (``middleware``: its store is out of reach, or another delivery of its attempt is alive)
 is published again as the *same* copy (``keep_token``): to the claims it is a broker
@@ -42,7 +42,7 @@ from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.message import Message
 
 from dramatiq_ext._parking import Parking
-from ojs_adapters.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
+from ojs_adapters.runtime.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
 
 #: Message option holding the token of one published copy.
 TOKEN_OPTION = "ojs_token"

@@ -24,10 +24,10 @@ from dramatiq_ext._records import Records
 from dramatiq_ext._state import MessageState
 from dramatiq_ext.stores import saves_in_order
 from ojs_adapters import JobRecord
-from ojs_adapters.backend_retry import count_failure
 from ojs_adapters.errors import OjsBackendError
-from ojs_adapters.handoff import handed_off
+from ojs_adapters.runtime.backend_retry import count_failure
 from ojs_adapters.runtime.delivery import Unpublished
+from ojs_adapters.runtime.handoff import handed_off
 
 #: Seconds the ack waits for a record that cannot be saved (the successor, forever).
 RECORD_HOLD_SECONDS = 15.0

@@ -22,11 +22,11 @@ from dramatiq.middleware import TimeLimit
 from dramatiq_ext._handoff import TOKEN_OPTION
 from dramatiq_ext._state import MessageState
 from dramatiq_ext.stores import claim
-from ojs_adapters.backend_retry import BackendRetry
-from ojs_adapters.claims import Begun
-from ojs_adapters.handoff import Claim, attempt_id
 from ojs_adapters.history import JobRecord
-from ojs_adapters.leases import Heartbeat, lease
+from ojs_adapters.runtime.backend_retry import BackendRetry
+from ojs_adapters.runtime.claims import Begun
+from ojs_adapters.runtime.handoff import Claim, attempt_id
+from ojs_adapters.runtime.leases import Heartbeat, lease
 
 #: Renews the leases of the Dramatiq deliveries this process works on (a registry).
 HEARTBEAT = Heartbeat()

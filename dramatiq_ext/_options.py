@@ -43,10 +43,11 @@ from typing import Any
 
 from dramatiq.middleware import MiddlewareError
 
-from ojs_adapters import OjsValidationError, RetryPolicy, error_type_of
-from ojs_adapters.budget import check_dependency
+from ojs_adapters import OjsValidationError, RetryPolicy
 from ojs_adapters.durations import format_duration
+from ojs_adapters.failure import error_type_of
 from ojs_adapters.keys import check_idempotency_key, new_idempotency_key
+from ojs_adapters.runtime.budget import check_dependency
 
 #: The actor and message option that carries an OJS retry policy.
 POLICY_OPTION = "retry_policy"

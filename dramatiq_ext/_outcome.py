@@ -25,12 +25,13 @@ from dramatiq_ext._held_ack import PENDING, AckGate, Pending
 from dramatiq_ext._options import KEY_OPTION
 from dramatiq_ext._records import key_of
 from dramatiq_ext._state import STATE_OPTION, MessageState, to_millis, with_countdown
-from ojs_adapters import Decision, DecisionEvent, JobRecord, RetryPolicy, emit
-from ojs_adapters._instant import broker_delay
-from ojs_adapters.backend_retry import BackendRetry
-from ojs_adapters.handoff import error_headers
+from ojs_adapters import Decision, JobRecord, RetryPolicy
 from ojs_adapters.history import utc_now
+from ojs_adapters.runtime._instant import broker_delay
+from ojs_adapters.runtime.backend_retry import BackendRetry
 from ojs_adapters.runtime.delivery import Unpublished, redecided
+from ojs_adapters.runtime.events import DecisionEvent, emit
+from ojs_adapters.runtime.handoff import error_headers, handed_off
 
 #: Attribute of a ``MessageProxy`` holding the ``DeadLettered`` it was failed with.
 DEAD = "_ojs_dead_lettered"
@@ -98,7 +99,7 @@ class DeliveryOutcome:
         self.report(record, decision)
 
     def report(self, record: JobRecord, decision: Decision) -> None:
-        """The structured log (``ojs_adapters.logs``) and metrics hooks see each decision once."""
+        """The structured log (``runtime.logs``) and metrics hooks see each decision once."""
         message = self.message
         emit(DecisionEvent(framework="dramatiq", job_id=message.message_id,
                            task=message.actor_name, queue=q_name(message.queue_name),
@@ -151,8 +152,12 @@ class DeliveryOutcome:
     def _dead_letter_in_place(self, state: MessageState, record: JobRecord) -> bool:
         """A ``RedisBroker``'s dead letter: the stored body becomes the dead-letter copy (with
         the record's save, one call) and the nack moves it to ``.XQ`` (``_dead_letter``).
-        ``False``: not here, or the call failed: publish a copy instead."""
+        ``False``: not here, or the call failed: publish a copy instead. The record is
+        saved marked ``handed_off``: once the body is replaced it reaches ``.XQ`` (the nack,
+        or a redelivery of the replaced body failed unrun), so another delivery of this
+        attempt (a twin copy of its retry) is a duplicate, not a dead letter to redo."""
         message, records = self.message, self.gate.records
+        record = handed_off(record)
         try:
             dead = successor(message, state).copy(
                 options=error_headers(record.errors[-1], record.attempt))
@@ -183,7 +188,7 @@ def failed_to_dead_letters(message: MessageProxy, state: MessageState,
         vars(message)[DEAD] = dead  # the worker may stuff its own after us: put back
     logger.info("Message %r dead-lettered to %r after attempt %d.",
                 message.message_id, f"{q_name(message.queue_name)}.XQ", state.attempt)
-    dead_lettered(message, state)  # the on_dead_letter hooks (ojs_adapters.alerts)
+    dead_lettered(message, state)  # the on_dead_letter hooks (ojs_adapters.runtime.alerts)
 
 
 def successor(message: MessageProxy, state: MessageState) -> Any:

@@ -24,7 +24,7 @@ countdown; parking only changes where the message waits.
   nothing moved twice by two workers, as durable as the Redis (use AOF). With no
   worker running, parked retries wait in the set. Unlike ``RedisBroker.enqueue``'s
   delays, a parked retry may wait longer than 7 days.
-- **RabbitMQ**: the binary delay levels of ``ojs_adapters.delay_levels`` named
+- **RabbitMQ**: the binary delay levels of ``ojs_adapters.runtime.delay_levels`` named
   ``<prefix>_dramatiq_delayed_<n>`` (``park_prefix``, default ``ojs``): 28 quorum
   queues (at-least-once dead-lettering: a broker crash between two levels loses
   nothing, and the attempt claim drops a doubled copy) declared once per process
@@ -54,8 +54,9 @@ from typing import Any
 from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.message import Message
 
-from ojs_adapters._periodic import Periodic
-from ojs_adapters.delay_levels import (
+from ojs_adapters.errors import OjsValidationError
+from ojs_adapters.runtime._periodic import Periodic
+from ojs_adapters.runtime.delay_levels import (
     MAX_SECONDS,
     TOP_LEVEL,
     DelayLevels,
@@ -63,8 +64,7 @@ from ojs_adapters.delay_levels import (
     routable,
     routing_key,
 )
-from ojs_adapters.errors import OjsValidationError
-from ojs_adapters.parking import DEFAULT_PARK_AFTER, LEAD, park_threshold
+from ojs_adapters.runtime.parking import DEFAULT_PARK_AFTER, LEAD, park_threshold
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ is acked unprocessed and RabbitMQ deletes it (a dead-letter hop lost, or a job).
 consumer remembers the deliveries it received, and an ack or nack of any other
 delivery is not sent. Nothing is lost by that: RabbitMQ gave every unacked
 message of the closed channel back when it closed, and that second delivery is
-judged from the job record (``ojs_adapters.handoff.judge_delivery``).
+judged from the job record (``ojs_adapters.runtime.handoff.judge_delivery``).
 """
 
 from __future__ import annotations

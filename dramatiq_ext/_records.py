@@ -10,8 +10,8 @@ from dramatiq.common import q_name
 from dramatiq_ext._options import KEY_OPTION
 from dramatiq_ext._state import MessageState
 from ojs_adapters import JobRecord, RetryPolicy
-from ojs_adapters.backend_retry import BackendRetry, count_failure
 from ojs_adapters.keys import read_idempotency_key
+from ojs_adapters.runtime.backend_retry import BackendRetry, count_failure
 
 
 class Records:
@@ -51,7 +51,7 @@ def new_record(message: Any, policy: RetryPolicy, state: MessageState) -> JobRec
     extra: dict[str, Any] = {"idempotency_key": key_of(message)}
     if state.countdowns is not None and state.delays_ms is not None:
         extra.update(countdowns=list(state.countdowns), delays_ms=list(state.delays_ms))
-    if state.replay_count:  # as ``ojs_adapters.dlq.replayed_record`` stamped it
+    if state.replay_count:  # as ``ojs_adapters.runtime.dlq.replayed_record`` stamped it
         extra.update(replay_count=state.replay_count, last_replayed_at=state.last_replayed_at)
     return JobRecord(id=message.message_id, type=message.actor_name,
                      queue=q_name(message.queue_name), max_attempts=policy.max_attempts,

@@ -41,19 +41,13 @@ from dramatiq_ext._rabbitmq_acks import guard_acks
 from dramatiq_ext._redis_delays import recover_delays
 from dramatiq_ext._state import MessageState
 from dramatiq_ext.stores import DEFAULT_RECORD_TTL, RecordStore, default_store
-from ojs_adapters import (
-    MIN_HISTORY,
-    Decision,
-    Failure,
-    RetryBudgets,
-    RetryPolicy,
-    RetryPolicyDict,
-    decide,
-)
-from ojs_adapters._instant import jitter_sample
-from ojs_adapters.backend_retry import BackendRetry
-from ojs_adapters.budget import AnyRetryBudget
-from ojs_adapters.parking import DEFAULT_PARK_AFTER
+from ojs_adapters import Decision, RetryPolicy, RetryPolicyDict, decide
+from ojs_adapters.failure import Failure
+from ojs_adapters.history import MIN_HISTORY
+from ojs_adapters.runtime._instant import jitter_sample
+from ojs_adapters.runtime.backend_retry import BackendRetry
+from ojs_adapters.runtime.budget import AnyRetryBudget, RetryBudgets
+from ojs_adapters.runtime.parking import DEFAULT_PARK_AFTER
 
 #: A zero-argument callable returning the jitter sample u in [0, 1).
 JitterSource = Callable[[], float]

@@ -6,7 +6,7 @@ history entries (``ErrorEntry.to_dict``), so a retried or dead-lettered message
 holds its own history even without a record store. ``"dead_letter": true``
 marks the hop that carries a dead-lettered job to the ``.XQ`` queue (see
 ``middleware``). A job sent again from the dead-letter queue also carries
-``"replay_count"`` and ``"last_replayed_at"`` (``ojs_adapters.dlq``), kept on
+``"replay_count"`` and ``"last_replayed_at"`` (``ojs_adapters.runtime.dlq``), kept on
 every later hop. A retry carries its record's ``"countdowns"`` and ``"delays_ms"``, so
 the admission call can write the next attempt's whole ``active`` record.
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dramatiq_ext._store_protocol import DEFAULT_RECORD_TTL
-from ojs_adapters.claims import claim_of
-from ojs_adapters.handoff import Claim, is_newer
+from ojs_adapters.runtime.claims import claim_of
+from ojs_adapters.runtime.handoff import Claim, is_newer
 
 
 class MemoryRecordStore:

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from dramatiq_ext._store_protocol import DEFAULT_RECORD_TTL
-from ojs_adapters.claims import Begun, begin_on_redis, claim_of
-from ojs_adapters.handoff import ORDERED_SAVE_LUA, Claim, record_rank
-from ojs_adapters.leases import LEASE_LUA
+from ojs_adapters.runtime.claims import Begun, begin_on_redis, claim_of
 from ojs_adapters.runtime.group_commit import run_script
+from ojs_adapters.runtime.handoff import ORDERED_SAVE_LUA, Claim, record_rank
+from ojs_adapters.runtime.leases import LEASE_LUA
 
 
 class _RedisScripts:

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from dramatiq_ext._store_protocol import DEFAULT_RECORD_TTL
 from dramatiq_ext._store_redis import _redis_claim, _RedisScripts
-from ojs_adapters.handoff import Claim
+from ojs_adapters.runtime.handoff import Claim
 
 #: The pseudo queue and actor under which records sit in a Results backend.
 _RESULTS_QUEUE, _RESULTS_ACTOR = "ojs", "ojs-record"

@@ -1,4 +1,4 @@
-"""Where a Dramatiq setup keeps its waiting retries, for the console (``ojs_adapters.browse``).
+"""Where a Dramatiq setup keeps its waiting retries, for the console (``runtime.browse``).
 
 - **Redis, parked** (``_parking``): the sorted set ``<ns>:_ojs.parked`` (members
   ``[<queue>.DQ, redis id, message]``, scored by ``eta``), paged on the broker. *Retry
@@ -36,13 +36,13 @@ from dramatiq_ext._parking import PARKED_KEY
 from dramatiq_ext._state import MessageState
 from dramatiq_ext.middleware import OjsRetries
 from dramatiq_ext.stores import RedisRecordStore, claim
-from ojs_adapters import browse
-from ojs_adapters.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
-from ojs_adapters.delay_levels import BITS
-from ojs_adapters.handoff import HEADER_NAMES, attempt_id
 from ojs_adapters.history import JobRecord, iso_utc, utc_now
+from ojs_adapters.runtime import browse
+from ojs_adapters.runtime.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
+from ojs_adapters.runtime.delay_levels import BITS
+from ojs_adapters.runtime.handoff import HEADER_NAMES, attempt_id
 from ojs_adapters.runtime.parked_scan import ParkedSetScan, memory_page
-from ojs_adapters.stats import StatsReader
+from ojs_adapters.runtime.stats import StatsReader
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Dead-letter management for Dramatiq: ``ojs_adapters.dlq`` over the ``<queue>.XQ`` queues.
+"""Dead-letter management for Dramatiq: ``ojs_adapters.runtime.dlq`` over the ``<queue>.XQ`` queues.
 
 ``OjsRetries`` dead-letters a job by failing a copy that carries its full history
 in ``options["ojs"]``, so every message in a ``.XQ`` queue is a ``DeadLetter`` as
@@ -45,7 +45,7 @@ from dramatiq_ext._state import STATE_OPTION, MessageState
 from dramatiq_ext.middleware import OjsRetries
 from dramatiq_ext.stores import MemoryRecordStore, RecordStore, RedisRecordStore, default_store
 from ojs_adapters import JobRecord
-from ojs_adapters.dlq import (
+from ojs_adapters.runtime.dlq import (
     DeadLetter,
     DeadLetters,
     DeadLetterStore,
@@ -54,7 +54,7 @@ from ojs_adapters.dlq import (
     load_object,
     replayed_record,
 )
-from ojs_adapters.handoff import HEADER_NAMES
+from ojs_adapters.runtime.handoff import HEADER_NAMES
 
 #: Options that belong to one hop through a broker (and the hand-off's: the last
 #: failure's ``x-ojs-*``, the copy's token), dropped from a replayed copy.
@@ -95,7 +95,7 @@ def dead_letter_queue(broker: Broker, *, queues: Sequence[str] = (),
 def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
                            queues: Sequence[str] = (),
                            options: Mapping[str, str] | None = None) -> DeadLetters:
-    """The ``ojs_adapters.dlq`` entry point: ``app`` names a broker object, or ``broker`` a URL.
+    """The ``runtime.dlq`` entry point: ``app`` names a broker object, or ``broker`` a URL.
 
     ``app`` is read as ``dramatiq`` reads its first argument, from the current
     directory: ``module:broker``, or ``module`` alone for its ``broker`` attribute,
@@ -210,7 +210,7 @@ class JobRecords:
             type(broker).__name__ == "StubBroker"
 
     def mark(self, letter: DeadLetter, mark: ReplayMark) -> None:
-        """Record that ``letter`` is being replayed (before it moves: see ``ojs_adapters.dlq``)."""
+        """Record that ``letter`` is being replayed (before it moves: see ``runtime.dlq``)."""
         if not self.reachable:
             raise RuntimeError(
                 "replay needs the workers' job records: open the dead letters with "

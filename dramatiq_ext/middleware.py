@@ -34,11 +34,11 @@ from dramatiq_ext._records import Records, key_of, new_record
 from dramatiq_ext._settings import ACTOR_OPTIONS, JitterSource, RetriesSettings
 from dramatiq_ext._state import MessageState
 from dramatiq_ext.stores import claim
-from ojs_adapters import Failure, JobContext, JobRecord, RetryPolicy, decide, describe_failure
-from ojs_adapters._instant import note_job
+from ojs_adapters import JobContext, JobRecord, RetryPolicy, decide
 from ojs_adapters.decision import Decision
 from ojs_adapters.errors import OjsBackendError
-from ojs_adapters.failure import requested_retry
+from ojs_adapters.failure import Failure, describe_failure, requested_retry
+from ojs_adapters.runtime._instant import note_job
 from ojs_adapters.runtime.admission import admit, wait_limit
 from ojs_adapters.runtime.delivery import carry_out
 
@@ -63,7 +63,7 @@ class OjsRetries(RetriesSettings):
       history_limit: Error entries kept in the message and the record (>= 10).
       record_ttl: Milliseconds a job record is kept.
       backend_retry: How broker and store calls are retried in place
-        (``ojs_adapters.backend_retry.BackendRetry``; 5 tries from 100 ms).
+        (``ojs_adapters.runtime.backend_retry.BackendRetry``; 5 tries from 100 ms).
       retry_budgets: The budgets actors name with ``retry_budget=`` (R-7); by default
         shared through the broker's Redis on a ``RedisBroker``, else per process.
       park_after: Retries waiting longer than this many seconds wait on the broker, not

@@ -18,7 +18,7 @@ Records expire after ``ttl`` milliseconds (7 days by default, Dramatiq's
 dead-message TTL). One worker at a time works on a message, so a plain
 read-modify-write is enough for the record, and saves are *ordered*: a save never
 replaces a record of a later attempt or replay round
-(``ojs_adapters.handoff.record_rank``), as a late ``handed_off`` mark would after
+(``ojs_adapters.runtime.handoff.record_rank``), as a late ``handed_off`` mark would after
 its successor already ran (atomically on Redis, one script: ``ORDERED_SAVE_LUA``;
 on a ``Results`` backend only when it is Redis with JSON values). Two *copies*
 of one attempt (a retry published twice) can run at once, though, so each
@@ -50,7 +50,7 @@ from dramatiq_ext._store_redis import RedisRecordStore
 from dramatiq_ext._store_results import _RESULTS_QUEUE as _RESULTS_QUEUE
 from dramatiq_ext._store_results import ResultsRecordStore
 from dramatiq_ext._store_results import _RecordKey as _RecordKey
-from ojs_adapters.handoff import Claim
+from ojs_adapters.runtime.handoff import Claim
 
 __all__ = [
     "DEFAULT_RECORD_TTL",

@@ -1,12 +1,12 @@
 """``ojs-retry dlq``: list, show, replay, delete, purge and prune dead letters.
 
-Every verb opens the framework's dead letters through ``ojs_adapters.dlq``
+Every verb opens the framework's dead letters through ``ojs_adapters.runtime.dlq``
 (``--broker URL``, or ``--app module[:attr]`` naming the app or broker object,
 imported from the current directory as ``celery -A`` does) and prints a table or,
 with ``--json``, one JSON document. Without ``--queue`` it looks in every
 dead-letter queue it can find; where the broker cannot list them all (RabbitMQ
 without its management API) it says on stderr where it looked. The core imports
-no framework: the adapter is found through the ``ojs_adapters.dlq`` entry points
+no framework: the adapter is found through the ``ojs_adapters.runtime.dlq`` entry points
 and loaded only when a verb runs.
 
 >>> from click.testing import CliRunner
@@ -26,7 +26,10 @@ import click
 from rich.table import Table
 
 from ojs_adapters.cli._io import console, print_json
-from ojs_adapters.dlq import (
+from ojs_adapters.durations import format_duration, parse_duration
+from ojs_adapters.errors import OjsValidationError
+from ojs_adapters.history import utc_now
+from ojs_adapters.runtime.dlq import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_COUNT,
     DeadLetterFilter,
@@ -34,9 +37,6 @@ from ojs_adapters.dlq import (
     Retention,
     open_dead_letter_queue,
 )
-from ojs_adapters.durations import format_duration, parse_duration
-from ojs_adapters.errors import OjsValidationError
-from ojs_adapters.history import utc_now
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -46,7 +46,7 @@ def _connection(command: Callable[P, R]) -> Callable[P, R]:
     """The options that say which framework and broker; ``--json``."""
     for decorator in reversed((
         click.option("--framework", required=True, metavar="NAME",
-                     help="celery or dramatiq (any installed ojs_adapters.dlq backend)."),
+                     help="celery or dramatiq (any installed ojs_adapters.runtime.dlq backend)."),
         click.option("--app", metavar="MODULE[:ATTR]",
                      help="The Celery app (read as celery -A reads it), or the Dramatiq "
                           "broker (as dramatiq does), imported from the current directory."),

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import NamedTuple, NoReturn, Protocol, TypeVar
 
-from ojs_adapters.backend_retry import count_failure
-from ojs_adapters.claims import Begun, record_of
-from ojs_adapters.handoff import Claim, Verdict, judge_delivery
 from ojs_adapters.history import JobRecord
-from ojs_adapters.leases import WAIT_SECONDS, lease_ms
+from ojs_adapters.runtime.backend_retry import count_failure
+from ojs_adapters.runtime.claims import Begun, record_of
+from ojs_adapters.runtime.handoff import Claim, Verdict, judge_delivery
+from ojs_adapters.runtime.leases import WAIT_SECONDS, lease_ms
 
 #: Seconds a delivery waits, nothing run, for another live delivery of its attempt or for an
 #: unreachable store before it is given back to the broker (read at each use: tests shorten it).

@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from ojs_adapters.browse import (
+from ojs_adapters.runtime.browse import (
     INDEX_GRACE,
     WaitingFilter,
     WaitingPage,

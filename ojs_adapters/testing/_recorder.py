@@ -1,9 +1,9 @@
 """``RetryRecorder``: what happened to the jobs run inside ``instant_retries()``.
 
-The recorder sees every decision through the core's hooks (``ojs_adapters.events``)
+The recorder sees every decision through the core's hooks (``ojs_adapters.runtime.events``)
 and reads a job's record with the adapter's own reader (``celery_ext.get_job_record``,
 ``dramatiq_ext.get_job_record``), so a test sees what a worker would have decided and
-stored. While it is active, ``ojs_adapters._instant`` makes the adapters skip the waits.
+stored. While it is active, ``ojs_adapters.runtime._instant`` makes the adapters skip the waits.
 Celery and Dramatiq are imported only when a record of theirs is asked for.
 """
 
@@ -14,11 +14,11 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from ojs_adapters._instant import RECORDERS_REGISTRY
 from ojs_adapters.decision import Decision
-from ojs_adapters.events import DecisionEvent, add_hook, remove_hook
 from ojs_adapters.history import JobRecord, Outcome
 from ojs_adapters.policy import check_jitter_sample
+from ojs_adapters.runtime._instant import RECORDERS_REGISTRY
+from ojs_adapters.runtime.events import DecisionEvent, add_hook, remove_hook
 
 
 class RetryRecorder:
@@ -82,7 +82,7 @@ class RetryRecorder:
         remove_hook(self._on_event)
         self._active = False
 
-    # -- what the adapters tell it (``ojs_adapters._instant``, ``events``) --------------------
+    # -- what the adapters tell it (``runtime._instant``, ``events``) ----------------------------
 
     def _on_event(self, event: DecisionEvent) -> None:
         with self._lock:

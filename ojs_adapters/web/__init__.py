@@ -15,7 +15,7 @@ or, through ``wsgi_app``, in a WSGI one (Flask, Django)::
                                               {"/ojs": wsgi_app(settings)})
 
 Read-only unless ``tokens`` or an ``auth`` callable is configured (see
-``_security``). Statistics come from ``ojs_adapters.stats.enable_stats`` in the
+``_security``). Statistics come from ``ojs_adapters.runtime.stats.enable_stats`` in the
 workers; the dead-letter depth gauge is at ``/metrics``.
 """
 

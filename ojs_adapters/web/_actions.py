@@ -1,7 +1,7 @@
 """The console's actions: a confirmation page (GET) that says how many, then the POST.
 
 Dead letters: replay or delete, by ids or over a filter, through the
-``ojs_adapters.dlq`` API (the one ``ojs-retry dlq`` uses). A filter's count is
+``ojs_adapters.runtime.dlq`` API (the one ``ojs-retry dlq`` uses). A filter's count is
 taken at confirmation and checked again before acting: if it moved, nothing is done
 and the operator looks again. Waiting retries: retry now or discard, where the
 source is actionable. Every POST passes ``Guard.allow`` (token and CSRF token) or
@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from ojs_adapters.dlq import DeadLetterFilter
+from ojs_adapters.runtime.dlq import DeadLetterFilter
 from ojs_adapters.web._app import Console, _qs
 from ojs_adapters.web._pages import console_of, letter_filter
 from ojs_adapters.web._security import CSRF_COOKIE, SESSION_COOKIE, Forbidden, audit

@@ -26,8 +26,8 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ojs_adapters.browse import ConsoleBackend, RetryView, open_console_backend
-from ojs_adapters.stats import StatsReader
+from ojs_adapters.runtime.browse import ConsoleBackend, RetryView, open_console_backend
+from ojs_adapters.runtime.stats import StatsReader
 from ojs_adapters.web._security import CSRF_COOKIE, Guard
 from ojs_adapters.web._settings import ConsoleSettings
 

@@ -1,4 +1,4 @@
-"""The overview's numbers and chart, from the statistics the workers flush (``ojs_adapters.stats``).
+"""The overview's numbers and chart, from the statistics the workers flush (``runtime.stats``).
 
 Two reads, one round trip each: the last 60 minute hashes and the last 25 hour
 hashes. Every decision is one failed attempt, so "failed attempts" counts them all;
@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 
 from markupsafe import Markup, escape
 
-from ojs_adapters.stats import Count, StatsReader
+from ojs_adapters.runtime.stats import Count, StatsReader
 
 #: Bar colours of the chart, by decision group (also the legend's order).
 COLOURS = {"retry": "#3b82f6", "dead_letter": "#dc2626", "discarded": "#9ca3af"}

@@ -15,9 +15,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ojs_adapters.browse import WaitingFilter
-from ojs_adapters.dlq import DeadLetterFilter
 from ojs_adapters.history import JobRecord, utc_now
+from ojs_adapters.runtime.browse import WaitingFilter
+from ojs_adapters.runtime.dlq import DeadLetterFilter
 from ojs_adapters.web import _overview
 from ojs_adapters.web._app import Console
 
@@ -147,7 +147,7 @@ def metrics(request: Request) -> Response:
     """``ojs_dead_letter_depth{framework,queue}`` in the Prometheus text format."""
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-    from ojs_adapters.alerts import DeadLetterDepth
+    from ojs_adapters.runtime.alerts import DeadLetterDepth
 
     console = console_of(request)
 

@@ -16,13 +16,14 @@ from collections.abc import Iterator
 import pytest
 
 from celery_ext.records import RecordStore
-from ojs_adapters import DecisionEvent, JobRecord, add_hook, remove_hook
+from ojs_adapters import JobRecord
+from ojs_adapters.runtime.events import DecisionEvent, add_hook, remove_hook
 from tests.celery_ext.conftest import Env
 from tests.celery_ext.support import wait_for
 
 prometheus_client = pytest.importorskip("prometheus_client")
 
-from ojs_adapters.metrics import PrometheusMetrics  # noqa: E402
+from ojs_adapters.runtime.metrics import PrometheusMetrics  # noqa: E402
 
 #: Task arguments that must never reach a log record.
 SECRETS = ("4242-4242-4242-4242", "alice@example.com")

@@ -1,4 +1,4 @@
-"""Attempt leases in the Celery record store (``ojs_adapters.leases``), on the real Redis
+"""Attempt leases in the Celery record store (``ojs_adapters.runtime.leases``), on the real Redis
 result backend: one holder at a time, renewable by its holder, released only by it."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from celery import Celery
 
 from celery_ext import JobDiscarded
 from celery_ext.records import LEASE_SUFFIX, RecordStore
-from ojs_adapters import DecisionEvent, add_hook, remove_hook
-from ojs_adapters.leases import BEAT_SECONDS, Heartbeat, lease, release
+from ojs_adapters.runtime.events import DecisionEvent, add_hook, remove_hook
+from ojs_adapters.runtime.leases import BEAT_SECONDS, Heartbeat, lease, release
 from tests.celery_ext.conftest import Env
 
 BEAT = Heartbeat()

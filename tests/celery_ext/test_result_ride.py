@@ -12,7 +12,7 @@ from celery import Celery, states
 from celery_ext import _result_ride
 from celery_ext.records import RecordStore
 from ojs_adapters import JobRecord
-from ojs_adapters.handoff import ORDERED_SAVE_LUA
+from ojs_adapters.runtime.handoff import ORDERED_SAVE_LUA
 
 
 @pytest.fixture

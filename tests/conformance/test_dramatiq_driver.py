@@ -18,7 +18,7 @@ from conformance.drivers.dramatiq_driver import DramatiqDriver
 from conformance.scenarios import Scenario, load_scenarios
 from conformance.script import AttemptLog
 from ojs_adapters import OjsValidationError
-from ojs_adapters.leases import LEASE_SECONDS
+from ojs_adapters.runtime.leases import LEASE_SECONDS
 from tests.conformance.support import wait_terminal
 
 SCENARIOS = {s.id: s for s in load_scenarios()}

@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ojs_adapters import (
-    Failure,
     JobError,
     OjsAuthError,
     OjsBackendError,
@@ -19,9 +18,8 @@ from ojs_adapters import (
     OjsValidationError,
     RetryPolicy,
     decide,
-    describe_failure,
-    error_type_of,
 )
+from ojs_adapters.failure import Failure, describe_failure, error_type_of
 
 
 def policy(**fields: Any) -> RetryPolicy:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ojs_adapters.delay_levels import (
+from ojs_adapters.runtime.delay_levels import (
     BITS,
     MAX_SECONDS,
     DelayLevels,

@@ -9,7 +9,6 @@ import pytest
 
 from ojs_adapters import (
     ERROR_CATALOG,
-    ErrorCategory,
     OjsAuthError,
     OjsBackendError,
     OjsConflictError,
@@ -17,9 +16,9 @@ from ojs_adapters import (
     OjsExecutionError,
     OjsResourceError,
     OjsValidationError,
-    error_class_for,
 )
-from ojs_adapters.catalog import custom_code_problem
+from ojs_adapters.catalog import ErrorCategory, custom_code_problem
+from ojs_adapters.errors import error_class_for
 
 SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec" / "ojs-errors.md"
 

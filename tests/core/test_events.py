@@ -7,17 +7,10 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ojs_adapters import (
-    DecisionEvent,
-    JobError,
-    LogDecisions,
-    RetryPolicy,
-    add_hook,
-    decide,
-    emit,
-    remove_hook,
-)
-from ojs_adapters.metrics import PrometheusMetrics
+from ojs_adapters import JobError, RetryPolicy, decide
+from ojs_adapters.runtime.events import DecisionEvent, add_hook, emit, remove_hook
+from ojs_adapters.runtime.logs import LogDecisions
+from ojs_adapters.runtime.metrics import PrometheusMetrics
 
 SECRET = "card 4242-4242-4242-4242 of alice@example.com"
 

@@ -21,18 +21,9 @@ from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ojs_adapters import (
-    JobError,
-    LocalRetryBudget,
-    OjsValidationError,
-    RedisRetryBudget,
-    RetryPolicy,
-    classify,
-    decide,
-    new_idempotency_key,
-    raise_classified,
-    retry_after_seconds,
-)
+from ojs_adapters import JobError, OjsValidationError, RetryPolicy, decide, new_idempotency_key
+from ojs_adapters.classify import classify, raise_classified, retry_after_seconds
+from ojs_adapters.runtime.budget import LocalRetryBudget, RedisRetryBudget
 
 samples = st.floats(min_value=0.0, max_value=1.0, exclude_max=True)
 retries = st.integers(1, 500)

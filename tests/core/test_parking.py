@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ojs_adapters import OjsValidationError
-from ojs_adapters.parking import MIN_PARK_AFTER, RULE, park_threshold
+from ojs_adapters.runtime.parking import MIN_PARK_AFTER, RULE, park_threshold
 
 
 @given(st.floats(min_value=0, exclude_min=True, allow_infinity=False) | st.integers(1))

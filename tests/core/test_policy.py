@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ojs_adapters import DEFAULT_POLICY, OjsValidationError, RetryPolicy
+from ojs_adapters import OjsValidationError, RetryPolicy
 from ojs_adapters.durations import format_duration, parse_duration
+from ojs_adapters.policy import DEFAULT_POLICY
 from ojs_adapters.schema import retry_policy_schema
 
 SPEC_DEFAULT = {

@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from ojs_adapters import (
-    JobError,
-    JobRecord,
-    OjsError,
-    OjsResourceError,
-    RetryPolicy,
-    decide,
-    describe_failure,
-)
+from ojs_adapters import JobError, JobRecord, OjsError, OjsResourceError, RetryPolicy, decide
+from ojs_adapters.failure import describe_failure
 
 CRM = RetryPolicy.from_dict({
     "max_attempts": 5, "initial_interval": "PT30S", "backoff_coefficient": 2.0,

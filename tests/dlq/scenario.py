@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from ojs_adapters import JobRecord
-from ojs_adapters.dlq import DeadLetterFilter, DeadLetterQueue, Retention, prune_hook
+from ojs_adapters.runtime.dlq import DeadLetterFilter, DeadLetterQueue, Retention, prune_hook
 
 #: Jobs dead-lettered by the scenario, and how many of them are replayed.
 BATCH, REPLAYED = 500, 250

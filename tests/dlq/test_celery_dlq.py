@@ -29,8 +29,8 @@ from celery_ext.dlq import (
 )
 from ojs_adapters import ErrorEntry, JobError, JobRecord
 from ojs_adapters.cli import main
-from ojs_adapters.dlq import DeadLetterFilter, ReplayMark
-from ojs_adapters.handoff import HEADER_NAMES
+from ojs_adapters.runtime.dlq import DeadLetterFilter, ReplayMark
+from ojs_adapters.runtime.handoff import HEADER_NAMES
 from tests.celery_ext.support import Broker, broker_named
 from tests.dlq.scenario import Harness, run_batch_scenario, wait_for
 
@@ -175,7 +175,7 @@ def test_replay_interrupted_mid_batch_loses_and_doubles_nothing(
     dead_queue = f"{queue}.dead_letter"
     wait_for(lambda: jobs.size([dead_queue]) == 20, "20 dead letters")
 
-    monkeypatch.setattr("ojs_adapters.dlq._queue.REPLAY_BATCH", 5)
+    monkeypatch.setattr("ojs_adapters.runtime.dlq._queue.REPLAY_BATCH", 5)
     real_mark, calls = JobRecords.mark, []
 
     def crash_on_eighth(self: JobRecords, *args: Any) -> None:

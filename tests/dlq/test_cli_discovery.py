@@ -28,7 +28,7 @@ from celery_ext.dlq import JobRecords
 from dramatiq_ext import OjsRetries, get_job_record
 from ojs_adapters import JobError
 from ojs_adapters.cli import main
-from ojs_adapters.dlq import DeadLetter, ReplayMark
+from ojs_adapters.runtime.dlq import DeadLetter, ReplayMark
 from tests.dlq.scenario import wait_for
 from tests.dlq.test_discovery import FakeManagement
 from tests.dlq.test_dramatiq_dlq import POLICY, quiet

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from ojs_adapters import ErrorEntry, JobRecord
-from ojs_adapters.dlq import (
+from ojs_adapters.runtime.dlq import (
     DEFAULT_RETENTION,
     DeadLetter,
     DeadLetterFilter,
@@ -22,7 +22,7 @@ from ojs_adapters.dlq import (
     prune_hook,
     replayed_record,
 )
-from ojs_adapters.dlq.memory import MemoryDeadLetterStore
+from ojs_adapters.runtime.dlq.memory import MemoryDeadLetterStore
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -155,7 +155,8 @@ def test_unknown_framework_is_a_lookup_error() -> None:
 
 
 def test_core_and_cli_never_import_a_framework() -> None:
-    code = ("import sys, ojs_adapters.dlq, ojs_adapters.dlq.memory, ojs_adapters.cli\n"
+    code = ("import sys, ojs_adapters.runtime.dlq, ojs_adapters.runtime.dlq.memory\n"
+            "import ojs_adapters.cli\n"
             "from click.testing import CliRunner\n"
             "CliRunner().invoke(ojs_adapters.cli.main, ['dlq', 'list', '--help'])\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in "

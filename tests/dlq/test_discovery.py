@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ojs_adapters.dlq import (
+from ojs_adapters.runtime.dlq import (
     AmqpAddress,
     Coverage,
     glob_for,

@@ -18,8 +18,8 @@ from dramatiq_ext._handoff import TOKEN_OPTION
 from dramatiq_ext._state import MessageState
 from dramatiq_ext.dlq import JobRecords, dead_letter_queue
 from ojs_adapters import JobError
-from ojs_adapters.dlq import DeadLetterFilter, DeadLetters
-from ojs_adapters.handoff import HEADER_NAMES
+from ojs_adapters.runtime.dlq import DeadLetterFilter, DeadLetters
+from ojs_adapters.runtime.handoff import HEADER_NAMES
 from tests.dlq.scenario import Harness, run_batch_scenario, wait_for
 from tests.dramatiq_ext.harness import Env, make_env
 
@@ -156,7 +156,7 @@ def test_replay_interrupted_mid_batch_loses_and_doubles_nothing(
         worker.stop(timeout=5000)
     jobs.env.workers.clear()
 
-    monkeypatch.setattr("ojs_adapters.dlq._queue.REPLAY_BATCH", 5)
+    monkeypatch.setattr("ojs_adapters.runtime.dlq._queue.REPLAY_BATCH", 5)
     real_mark, calls = JobRecords.mark, []
 
     def crash_on_eighth(self: JobRecords, *args: Any) -> None:

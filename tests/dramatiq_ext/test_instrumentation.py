@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
-from ojs_adapters import DecisionEvent, JobError, add_hook, remove_hook
+from ojs_adapters import JobError
+from ojs_adapters.runtime.events import DecisionEvent, add_hook, remove_hook
 from tests.dramatiq_ext.harness import Env
 
 prometheus_client = pytest.importorskip("prometheus_client")
 
-from ojs_adapters.metrics import PrometheusMetrics  # noqa: E402
+from ojs_adapters.runtime.metrics import PrometheusMetrics  # noqa: E402
 
 #: Job arguments that must never reach a log record.
 SECRETS = ("4242-4242-4242-4242", "alice@example.com")

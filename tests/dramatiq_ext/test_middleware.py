@@ -19,7 +19,7 @@ from dramatiq.results.backends import StubBackend
 
 from dramatiq_ext import DeadLettered, MemoryRecordStore, OjsRetries, get_job_record
 from dramatiq_ext.stores import ResultsRecordStore
-from ojs_adapters.backend_retry import BackendRetry
+from ojs_adapters.runtime.backend_retry import BackendRetry
 from tests.dramatiq_ext.harness import TICK_MS, Env, dramatiq_defaults, flaky, make_env
 
 FAST = {"initial_interval": "PT0.05S", "jitter": False}

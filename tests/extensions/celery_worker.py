@@ -9,7 +9,7 @@ from celery import Celery
 from celery.signals import worker_ready
 
 from celery_ext import OjsTask
-from ojs_adapters import RetryBudgets
+from ojs_adapters.runtime.budget import RetryBudgets
 from tests.extensions.jobs import BUDGET_MINIMUM, BUDGET_SHARE, POLICIES, Config, Runs, body
 
 

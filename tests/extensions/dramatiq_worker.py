@@ -12,7 +12,7 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 
 from dramatiq_ext import OjsRetries, current_job
-from ojs_adapters import RetryBudgets
+from ojs_adapters.runtime.budget import RetryBudgets
 from tests.extensions.jobs import BUDGET_MINIMUM, BUDGET_SHARE, POLICIES, Config, Runs, body
 
 

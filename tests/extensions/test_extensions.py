@@ -33,7 +33,7 @@ import pytest
 import redis
 
 from ojs_adapters import JobRecord
-from ojs_adapters.dlq import DeadLetterFilter
+from ojs_adapters.runtime.dlq import DeadLetterFilter
 from tests.brokers import REDIS_URL, require
 from tests.extensions.jobs import BUDGET_SHARE, CONFIG_ENV, Config, Runs
 

@@ -17,17 +17,11 @@ from celery_ext import OjsTask
 from celery_ext._budgets import budgets_of
 from celery_ext._headers import HeaderState
 from dramatiq_ext import KEY_OPTION, OjsRetries, current_job, get_job_record
-from ojs_adapters import (
-    DecisionEvent,
-    OjsValidationError,
-    RetryBudgets,
-    RetryPolicy,
-    check_idempotency_key,
-    decide,
-)
-from ojs_adapters.budget import LocalRetryBudget, RedisRetryBudget
-from ojs_adapters.logs import LogDecisions
-from ojs_adapters.metrics import PrometheusMetrics
+from ojs_adapters import OjsValidationError, RetryPolicy, check_idempotency_key, decide
+from ojs_adapters.runtime.budget import LocalRetryBudget, RedisRetryBudget, RetryBudgets
+from ojs_adapters.runtime.events import DecisionEvent
+from ojs_adapters.runtime.logs import LogDecisions
+from ojs_adapters.runtime.metrics import PrometheusMetrics
 
 
 @given(st.text(min_size=1, max_size=64))

@@ -36,7 +36,7 @@ from celery.worker import state as worker_state
 import celery_ext._deadletter as deadletter_module
 import celery_ext._retry_send as retry_send_module  # where a retry is published
 from celery_ext.records import RecordStore
-from ojs_adapters.backend_retry import FAILURES_REGISTRY
+from ojs_adapters.runtime.backend_retry import FAILURES_REGISTRY
 from tests.brokers import AMQP_URL, REDIS_URL
 from tests.celery_ext.support import RUNS, Broker, drain, register_tasks
 from tests.handoff.proxy import Proxy

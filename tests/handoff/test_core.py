@@ -7,8 +7,8 @@ import json
 import pytest
 
 from ojs_adapters import ErrorEntry, JobRecord, OjsBackendError
-from ojs_adapters.backend_retry import FAILURES_REGISTRY, BackendRetry, backend_error
-from ojs_adapters.handoff import error_headers, handed_off, judge_delivery
+from ojs_adapters.runtime.backend_retry import FAILURES_REGISTRY, BackendRetry, backend_error
+from ojs_adapters.runtime.handoff import error_headers, handed_off, judge_delivery
 
 
 class FakeRedisConnectionError(Exception):

@@ -24,7 +24,7 @@ from dramatiq.middleware import CurrentMessage
 
 import dramatiq_ext._outcome as outcome_module  # where the in-place dead letter is called
 from dramatiq_ext._state import MessageState
-from ojs_adapters.backend_retry import FAILURES_REGISTRY
+from ojs_adapters.runtime.backend_retry import FAILURES_REGISTRY
 from tests.brokers import AMQP_URL, REDIS_URL
 from tests.dramatiq_ext.harness import Env, make_env, pika_url
 from tests.handoff.proxy import Proxy

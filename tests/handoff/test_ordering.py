@@ -29,8 +29,8 @@ from dramatiq_ext.stores import (
     saves_in_order,
 )
 from ojs_adapters import ErrorEntry, JobRecord
-from ojs_adapters.handoff import handed_off
-from ojs_adapters.leases import lease
+from ojs_adapters.runtime.handoff import handed_off
+from ojs_adapters.runtime.leases import lease
 from tests.dramatiq_ext.conftest import open_env
 from tests.dramatiq_ext.harness import Env
 
@@ -136,7 +136,7 @@ def test_a_begin_retried_after_a_lost_reply_still_starts_the_attempt(redis_url: 
     """Its first call claimed and wrote ``active``; the retry must not read that as a crash."""
     import redis
 
-    from ojs_adapters.claims import begin_on_redis
+    from ojs_adapters.runtime.claims import begin_on_redis
 
     client, prefix = redis.Redis.from_url(redis_url), f"ojs-test-{uuid.uuid4().hex[:10]}"
     started = JobRecord("j", "t", "q", 3).started(1).to_json()
@@ -157,7 +157,7 @@ def test_admission_takes_the_lease_in_the_same_call(redis_url: str) -> None:
     starts the attempt; another live delivery's lease stops a second one before its claim."""
     import redis
 
-    from ojs_adapters.claims import begin_on_redis
+    from ojs_adapters.runtime.claims import begin_on_redis
 
     client, prefix = redis.Redis.from_url(redis_url), f"ojs-test-{uuid.uuid4().hex[:10]}"
     started = JobRecord("j", "t", "q", 3).started(1).to_json()
@@ -257,8 +257,8 @@ def test_a_redelivery_that_cannot_read_the_record_waits_for_it(
     ("mine"), it would count its finished attempt lost (a phantom HANDLER_PANIC, the job run
     again; the issue-11 hand-off test dead-lettered a completed job that way)."""
     from dramatiq_ext import OjsRetries
-    from ojs_adapters import leases
-    from ojs_adapters.backend_retry import BackendRetry
+    from ojs_adapters.runtime import leases
+    from ojs_adapters.runtime.backend_retry import BackendRetry
     from tests.dramatiq_ext.harness import make_env
 
     monkeypatch.setattr(leases, "LEASE_SECONDS", 0.3)

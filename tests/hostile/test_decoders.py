@@ -20,12 +20,13 @@ from hypothesis import strategies as st
 from celery_ext._headers import HEADER, HeaderState
 from dramatiq_ext._options import InvalidRetryPolicy, policy_option
 from dramatiq_ext._state import STATE_OPTION, MessageState
-from ojs_adapters import MIN_HISTORY, OjsValidationError, RetryPolicy, decide
+from ojs_adapters import OjsValidationError, RetryPolicy, decide
 from ojs_adapters.history import (
     MAX_ATTEMPT,
     MAX_DECODED_ENTRIES,
     MAX_MESSAGE_CHARS,
     MAX_NAME_CHARS,
+    MIN_HISTORY,
     ErrorEntry,
 )
 

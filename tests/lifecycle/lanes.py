@@ -26,9 +26,10 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ojs_adapters import DecisionEvent, JobRecord, add_hook, remove_hook
-from ojs_adapters.backend_retry import BackendRetry
-from ojs_adapters.leases import lease
+from ojs_adapters import JobRecord
+from ojs_adapters.runtime.backend_retry import BackendRetry
+from ojs_adapters.runtime.events import DecisionEvent, add_hook, remove_hook
+from ojs_adapters.runtime.leases import lease
 from tests.brokers import AMQP_URL, REDIS_URL
 
 #: What a job body gets: its payload (a dict, mutable, as the framework decoded it) and

@@ -6,7 +6,7 @@ broker hands the running messages out again on the new connection (RabbitMQ give
 back the unacked deliveries of a closed channel; on Redis the visibility heartbeat
 puts back the deliveries of a closed channel, ``celery_ext._orphans``), while the
 first deliveries go on running. Each second delivery must wait for the live one (the
-attempt lease, ``ojs_adapters.leases``) and then be dropped as a duplicate: every job
+attempt lease, ``ojs_adapters.runtime.leases``) and then be dropped as a duplicate: every job
 completed at attempt 1 with no error entry, each body ran once, and no retry was
 decided. Before the lease, each such copy was judged a crashed worker (a phantom
 ``HANDLER_PANIC`` retry), and its attempt 2 could run the body again.

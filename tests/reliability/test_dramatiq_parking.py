@@ -22,7 +22,7 @@ from dramatiq.message import Message
 
 from dramatiq_ext import OjsRetries, current_job
 from dramatiq_ext._parking import Mover, Parking, parked_key
-from ojs_adapters.delay_levels import DelayLevels
+from ojs_adapters.runtime.delay_levels import DelayLevels
 from tests.dramatiq_ext.conftest import open_env
 from tests.dramatiq_ext.harness import Env
 

@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from ojs_adapters import JobRecord
-from ojs_adapters.stats import disable_stats, enable_stats
+from ojs_adapters.runtime.stats import disable_stats, enable_stats
 from tests.brokers import AMQP_URL, REDIS_URL, brokers_required
 from tests.web.apps import HEALED, RUNS, Cell, celery_app_for, dramatiq_broker_for
 

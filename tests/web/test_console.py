@@ -14,12 +14,13 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.testclient import TestClient
 
-from ojs_adapters import Decision, DecisionEvent, ErrorEntry, JobRecord
-from ojs_adapters.alerts import DeadLetterEvent, on_dead_letter, remove_dead_letter_hook
-from ojs_adapters.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
-from ojs_adapters.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
-from ojs_adapters.dlq.memory import MemoryDeadLetterStore
-from ojs_adapters.stats import DecisionStats, StatsReader
+from ojs_adapters import Decision, ErrorEntry, JobRecord
+from ojs_adapters.runtime.alerts import DeadLetterEvent, on_dead_letter, remove_dead_letter_hook
+from ojs_adapters.runtime.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
+from ojs_adapters.runtime.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
+from ojs_adapters.runtime.dlq.memory import MemoryDeadLetterStore
+from ojs_adapters.runtime.events import DecisionEvent
+from ojs_adapters.runtime.stats import DecisionStats, StatsReader
 from ojs_adapters.web import ConsoleSettings, create_app, wsgi_app
 from ojs_adapters.web._overview import read, summarize
 
@@ -73,7 +74,7 @@ class FakeBackend:
         return self.dead_letters.show(job_id)
 
     def describe(self, letter: DeadLetter) -> Any:
-        from ojs_adapters.browse import LetterDetails
+        from ojs_adapters.runtime.browse import LetterDetails
 
         return LetterDetails({"x-note": "<i>hi</i>"}, None, "k1", dict(letter.payload))
 

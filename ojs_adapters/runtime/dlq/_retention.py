@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from ojs_adapters.dlq._model import DeadLetter
 from ojs_adapters.history import utc_now
+from ojs_adapters.runtime.dlq._model import DeadLetter
 
 if TYPE_CHECKING:
-    from ojs_adapters.dlq._queue import DeadLetterQueue
+    from ojs_adapters.runtime.dlq._queue import DeadLetterQueue
 
 #: Default longest time a dead letter is kept.
 DEFAULT_MAX_AGE = timedelta(days=180)

@@ -2,8 +2,8 @@
 
 Both adapters call ``emit`` once per decision they execute, so the same hooks see
 Celery and Dramatiq alike. Hooks are plain callables; a failing hook is logged
-and never breaks the job. The structured log hook (``ojs_adapters.logs``) is on
-by default; Prometheus metrics (``ojs_adapters.metrics``) are opt-in.
+and never breaks the job. The structured log hook (``ojs_adapters.runtime.logs``) is on
+by default; Prometheus metrics (``ojs_adapters.runtime.metrics``) are opt-in.
 
 >>> seen = []
 >>> add_hook(seen.append)

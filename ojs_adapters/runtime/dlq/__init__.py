@@ -7,10 +7,10 @@ and retention (180 days and 10,000 per queue by default) on demand or from a
 scheduler. Where a broker cannot list its queues (RabbitMQ without its
 management API), ``coverage()`` says which dead-letter queues were looked in.
 The broker work lives in the adapters (``dramatiq_ext.dlq``, ``celery_ext.dlq``),
-found through the entry-point group ``ojs_adapters.dlq``.
+found through the entry-point group ``ojs_adapters.runtime.dlq``.
 
 >>> from datetime import datetime, timezone
->>> from ojs_adapters.dlq.memory import MemoryDeadLetterStore
+>>> from ojs_adapters.runtime.dlq.memory import MemoryDeadLetterStore
 >>> store = MemoryDeadLetterStore()
 >>> store.add(DeadLetter(id="m1", queue="emails", task_type="send", error_type="smtp.Down",
 ...                      dead_lettered_at=datetime.now(timezone.utc), attempt=3))
@@ -21,7 +21,7 @@ found through the entry-point group ``ojs_adapters.dlq``.
 (('m1',), 1)
 """
 
-from ojs_adapters.dlq._discovery import (
+from ojs_adapters.runtime.dlq._discovery import (
     MANAGEMENT_OFF,
     MANAGEMENT_TIMEOUT,
     AmqpAddress,
@@ -32,7 +32,7 @@ from ojs_adapters.dlq._discovery import (
     management_url,
     originals,
 )
-from ojs_adapters.dlq._model import (
+from ojs_adapters.runtime.dlq._model import (
     DeadLetter,
     DeadLetterFilter,
     Page,
@@ -40,7 +40,7 @@ from ojs_adapters.dlq._model import (
     last_error,
     replayed_record,
 )
-from ojs_adapters.dlq._queue import (
+from ojs_adapters.runtime.dlq._queue import (
     PAGE_SIZE,
     REPLAY_BATCH,
     DeadLetterQueue,
@@ -49,14 +49,14 @@ from ojs_adapters.dlq._queue import (
     ReplayReport,
     Selection,
 )
-from ojs_adapters.dlq._registry import (
+from ojs_adapters.runtime.dlq._registry import (
     ENTRY_POINT_GROUP,
     Opener,
     frameworks,
     load_object,
     open_dead_letter_queue,
 )
-from ojs_adapters.dlq._retention import (
+from ojs_adapters.runtime.dlq._retention import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_COUNT,
     DEFAULT_RETENTION,

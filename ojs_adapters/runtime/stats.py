@@ -1,6 +1,6 @@
 """Decision statistics for the console: counted in process, flushed to Redis in the background.
 
-``enable_stats(url)`` installs a decision hook (``ojs_adapters.events``) that only
+``enable_stats(url)`` installs a decision hook (``ojs_adapters.runtime.events``) that only
 adds to a dict in memory: no Redis call on a worker's job path. A daemon thread
 flushes what was counted every ``interval`` seconds (2) in one pipeline:
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from ojs_adapters import events
-from ojs_adapters._periodic import Periodic
+from ojs_adapters.runtime import events
+from ojs_adapters.runtime._periodic import Periodic
 
 logger = logging.getLogger("ojs_adapters.stats")
 

@@ -18,8 +18,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ojs_adapters.dlq._discovery import Coverage
-from ojs_adapters.dlq._model import DeadLetter, ReplayMark
+from ojs_adapters.runtime.dlq._discovery import Coverage
+from ojs_adapters.runtime.dlq._model import DeadLetter, ReplayMark
 
 
 class MemoryDeadLetterStore:

@@ -1,4 +1,4 @@
-"""Finding a framework's dead-letter backend: the entry-point group ``ojs_adapters.dlq``.
+"""Finding a framework's dead-letter backend: the entry-point group ``ojs_adapters.runtime.dlq``.
 
 The core never imports Celery, Dramatiq or kombu. Each adapter declares an entry
 point whose object is an ``Opener``, a function returning a ``DeadLetterQueue``::
@@ -22,7 +22,7 @@ from contextlib import contextmanager, suppress
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
-from ojs_adapters.dlq._queue import DeadLetterQueue
+from ojs_adapters.runtime.dlq._queue import DeadLetterQueue
 
 #: The entry-point group adapters register their ``Opener`` under.
 ENTRY_POINT_GROUP = "ojs_adapters.dlq"
@@ -70,7 +70,7 @@ def load_object(spec: str) -> Any:
     ``celery -A`` and ``dramatiq`` do, so ``--app app:app`` works from the app's
     own folder (a console script's ``sys.path`` starts at its own ``bin``).
 
-    >>> load_object("ojs_adapters.dlq:DeadLetters").__name__
+    >>> load_object("ojs_adapters.runtime.dlq:DeadLetters").__name__
     'DeadLetters'
     """
     module_name, _, attribute = spec.partition(":")

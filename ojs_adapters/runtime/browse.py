@@ -7,7 +7,7 @@ entry point in the group ``ojs_adapters.console`` whose object opens a
     [project.entry-points."ojs_adapters.console"]
     celery = "celery_ext._console:open_console_backend"
 
-A backend gives the dead letters through the ``ojs_adapters.dlq`` API (replay,
+A backend gives the dead letters through the ``ojs_adapters.runtime.dlq`` API (replay,
 delete, purge: one code path with ``ojs-retry dlq``), pages of them read on the
 broker side where the broker allows it, the dead-letter depth per queue, job
 records, and a ``RetryView``: the retries that wait, from every place a setup
@@ -29,14 +29,14 @@ from fnmatch import fnmatchcase
 from importlib.metadata import entry_points
 from typing import Any, NamedTuple, Protocol
 
-from ojs_adapters.dlq import DeadLetter, DeadLetterFilter, DeadLetterQueue, Page
-from ojs_adapters.handoff import ERROR_DETAILS_HEADER
 from ojs_adapters.history import JobRecord
-from ojs_adapters.stats import StatsReader
+from ojs_adapters.runtime.dlq import DeadLetter, DeadLetterFilter, DeadLetterQueue, Page
+from ojs_adapters.runtime.handoff import ERROR_DETAILS_HEADER
+from ojs_adapters.runtime.stats import StatsReader
 
 #: The entry-point group adapters register their ``ConsoleOpener`` under.
 ENTRY_POINT_GROUP = "ojs_adapters.console"
-#: The source of waiting retries read from the workers' decisions (``ojs_adapters.stats``).
+#: The source of waiting retries read from the workers' decisions (``ojs_adapters.runtime.stats``).
 DECIDED = "decided"
 #: Seconds an entry of a parked-retry index stays after it fell due (trimmed on write).
 INDEX_KEEP = 3600.0
@@ -182,7 +182,7 @@ class ConsoleBackend(Protocol):
 
 
 class ConsoleOpener(Protocol):
-    """Opens a framework's ``ConsoleBackend`` (the arguments of ``ojs_adapters.dlq.Opener``)."""
+    """Opens a framework's ``ConsoleBackend`` (the arguments of ``runtime.dlq.Opener``)."""
 
     def __call__(self, *, app: str | None = None, broker: str | None = None,
                  queues: Sequence[str] = (),
@@ -203,13 +203,13 @@ def open_console_backend(framework: str, *, app: str | None = None, broker: str 
 
 
 def decided_source(stats: StatsReader | None, framework: str, where: str) -> WaitingSource:
-    """The waiting retries the workers reported (``ojs_adapters.stats``), for a setup whose
+    """The waiting retries the workers reported (``ojs_adapters.runtime.stats``), for a setup whose
     broker cannot list them; ``where`` says where they really wait."""
     if stats is None:
         return WaitingSource(DECIDED, "Reported by the workers", listable=False,
                              actionable=False, count=None, note=(
                                  f"{where} Turn on statistics in the workers "
-                                 "(ojs_adapters.stats.enable_stats) to list them here."))
+                                 "(ojs_adapters.runtime.stats.enable_stats) to list them here."))
     total, _rows = stats.waiting(framework, offset=0, count=0)
     return WaitingSource(DECIDED, "Reported by the workers", listable=True, actionable=False,
                          count=total, note=(

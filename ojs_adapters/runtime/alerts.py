@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ojs_adapters.dlq import DeadLetter
-from ojs_adapters.events import Framework
+from ojs_adapters.runtime.dlq import DeadLetter
+from ojs_adapters.runtime.events import Framework
 
 _log = logging.getLogger("ojs_adapters.alerts")
 
@@ -36,7 +36,7 @@ _log = logging.getLogger("ojs_adapters.alerts")
 class DeadLetterEvent:
     """A job that just landed on a dead-letter queue.
 
-    ``letter`` is the ``ojs_adapters.dlq.DeadLetter`` (its ``payload`` left empty:
+    ``letter`` is the ``ojs_adapters.runtime.dlq.DeadLetter`` (its ``payload`` left empty:
     arguments never leave the worker through a hook); ``dead_letter_queue`` the
     queue that holds it.
     """

@@ -7,7 +7,7 @@ correlation id, the task type, the idempotency key and retry-budget dependency
 code, and the decision. Job arguments and payloads are never logged; exception
 messages only when asked for (``LogDecisions(include_messages=True)``).
 
->>> from ojs_adapters import events
+>>> from ojs_adapters.runtime import events
 >>> DEFAULT_LOG_HOOK in events.HOOKS_REGISTRY
 True
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ojs_adapters.events import DecisionEvent, add_hook
+from ojs_adapters.runtime.events import DecisionEvent, add_hook
 
 #: The logger every decision record goes to.
 logger = logging.getLogger("ojs_adapters.retry")
@@ -26,7 +26,7 @@ logger = logging.getLogger("ojs_adapters.retry")
 class LogDecisions:
     """A decision hook that logs one structured record per decision.
 
-    >>> from ojs_adapters import events
+    >>> from ojs_adapters.runtime import events
     >>> events.remove_hook(DEFAULT_LOG_HOOK)
     >>> events.add_hook(LogDecisions(include_messages=True))  # opt in to error messages
     >>> events.HOOKS_REGISTRY[:] = [DEFAULT_LOG_HOOK]

@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from ojs_adapters.handoff import Claim
 from ojs_adapters.history import JobRecord
 from ojs_adapters.runtime.group_commit import run_script
+from ojs_adapters.runtime.handoff import Claim
 
 # KEYS[1] claim, KEYS[2] record, KEYS[3] (optional) the attempt's lease. ARGV[1] token,
 # ARGV[2] claim TTL (ms), ARGV[3] the record to write if this claim is new and the attempt
@@ -102,7 +102,7 @@ def begin_on_redis(client: Any, *, claim_key: str, record_key: str, token: str,
     exists, or, with ``attempt``, when the stored one is of an earlier attempt:
     exactly when ``judge_delivery`` would say "run" and the adapter would write it.
     With ``lease_key``, the attempt's lease is taken for ``token`` first, in the same
-    round trip (``ojs_adapters.leases``): a delivery's whole admission is one call.
+    round trip (``ojs_adapters.runtime.leases``): a delivery's whole admission is one call.
     """
     keys, args = [claim_key, record_key], [token, claim_ttl_ms, started or "",
                                            record_ttl_ms or "", "" if attempt is None else attempt]

@@ -15,7 +15,7 @@ the dead message it named is gone. The job record is stamped with the replay
 record overwritten): a replay stopped in that window leaves a record saying
 ``replay_count`` n+1 while the job is still dead, until the replay is run again.
 
->>> from ojs_adapters.dlq.memory import MemoryDeadLetterStore
+>>> from ojs_adapters.runtime.dlq.memory import MemoryDeadLetterStore
 >>> queue = DeadLetters(MemoryDeadLetterStore())
 >>> queue.list().total
 0
@@ -28,10 +28,10 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import NamedTuple, Protocol, TypeAlias
 
-from ojs_adapters.dlq._discovery import Coverage
-from ojs_adapters.dlq._model import DeadLetter, DeadLetterFilter, Page, ReplayMark
-from ojs_adapters.dlq._retention import DEFAULT_RETENTION, Retention, expired
 from ojs_adapters.history import utc_now
+from ojs_adapters.runtime.dlq._discovery import Coverage
+from ojs_adapters.runtime.dlq._model import DeadLetter, DeadLetterFilter, Page, ReplayMark
+from ojs_adapters.runtime.dlq._retention import DEFAULT_RETENTION, Retention, expired
 
 #: What ``replay`` and ``delete`` act on: a filter, or job ids.
 Selection: TypeAlias = "DeadLetterFilter | Iterable[str]"
@@ -125,7 +125,7 @@ class DeadLetters:
 
     def coverage(self) -> Coverage:
         """The dead-letter queues the last operation over every queue looked in, and whether
-        that was all of them (RabbitMQ cannot always say: see ``ojs_adapters.dlq``)."""
+        that was all of them (RabbitMQ cannot always say: see ``ojs_adapters.runtime.dlq``)."""
         return self.store.coverage()
 
     def list(self, filters: DeadLetterFilter | None = None, *, page: int = 1,

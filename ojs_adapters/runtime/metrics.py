@@ -15,9 +15,9 @@ import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
-from ojs_adapters import events
-from ojs_adapters.budget import BUDGETS_REGISTRY
 from ojs_adapters.errors import OjsResourceError
+from ojs_adapters.runtime import events
+from ojs_adapters.runtime.budget import BUDGETS_REGISTRY
 
 #: Histogram buckets for backoff delays, in seconds.
 BACKOFF_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 86400)
