@@ -18,6 +18,7 @@ message headers carrying the history. App settings read:
 """
 
 from celery_ext._checks import check_worker_settings
+from celery_ext._current import current_job
 from celery_ext._deadletter import DEAD_LETTER_HEADER
 from celery_ext._headers import HEADER
 from celery_ext.exceptions import JobDeadLettered, JobDiscarded
@@ -31,5 +32,6 @@ __all__ = [
     "JobDiscarded",
     "OjsTask",
     "check_worker_settings",
+    "current_job",
     "get_job_record",
 ]

@@ -49,7 +49,7 @@ CONTEXT_ATTRIBUTE = "ojs_context"
 
 def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run one delivery of ``task`` in the worker and act on how it ends."""
-    run = _Run(task)
+    run = Delivery(task)
     if run.state.invalid is not None:  # unreadable OJS state: dead-letter it unrun (_headers)
         run.fail(run.state.invalid, None)
     try:
@@ -82,7 +82,7 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
         run.release_lease()
 
 
-class _Run(AttemptSeat):
+class Delivery(AttemptSeat):
     """One delivery: its seat (``_seat``), policy and record, and how it carries out a
     decision (the ``Outcome`` of ``ojs_adapters.runtime.delivery``)."""
 
@@ -135,7 +135,7 @@ class _Run(AttemptSeat):
         if verdict == "resend":
             # The retry was decided but its message may not have been accepted.
             self.resend_retry(record)
-        if verdict == "redo_terminal":
+        if verdict == "redo_dead_letter":
             raise_terminal(self.task, record, None)  # lets OjsRequest redo the dead letter
         logger.info("%s[%s]: attempt %d already done (record %s at %d); dropping duplicate",
                     self.task.name, self.request.id, attempt, record.state, record.attempt)

@@ -145,7 +145,7 @@ class _EagerJob:
             "jitter_samples": [*self.state.jitter_samples, decision.jitter_sample]})
         self.save(record)
         self.report(decision)
-        # What the retry message would carry (``_attempt._Run.schedule_retry``).
+        # What the retry message would carry (``_attempt.Delivery.schedule_retry``).
         header = replace(
             self.state, attempt=record.attempt + 1, errors=record.errors,
             countdowns=tuple(record.extra["countdowns"]),

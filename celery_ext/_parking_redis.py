@@ -38,7 +38,7 @@ BATCH = 500
 
 #: Moves the due entries of KEYS[1] (score <= ARGV[1], at most ARGV[2]) to their lists.
 #: A member is ``<byte length of the list key>:<list key><payload>``.
-_MOVE = """
+_MOVE_DUE_LUA = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 for _, member in ipairs(due) do
   local colon = string.find(member, ':', 1, true)
@@ -105,7 +105,7 @@ class Mover:
             # the channel's own client: kombu's global_keyprefix, on the set key too
             with self._connection.default_channel.conn_or_acquire() as client:
                 self._client = client
-            self._script = client.register_script(_MOVE)
+            self._script = client.register_script(_MOVE_DUE_LUA)
         return self._client
 
     def _close(self) -> None:

@@ -20,15 +20,15 @@ from celery_ext.records import RecordStore
 from ojs_adapters import JobRecord
 from ojs_adapters.runtime.admission import wait_limit
 from ojs_adapters.runtime.backend_retry import count_failure
-from ojs_adapters.runtime.claims import Begun
+from ojs_adapters.runtime.claims import AdmissionReply
 from ojs_adapters.runtime.handoff import Claim, attempt_id
-from ojs_adapters.runtime.leases import Heartbeat, lease, release
+from ojs_adapters.runtime.leases import LeaseRenewer, lease, release
 
 logger = logging.getLogger("celery_ext")
 
 #: Renews the leases of the Celery deliveries this process runs (a registry; not
 #: ``_heartbeat``, which keeps Redis deliveries reserved).
-LEASES = Heartbeat()
+LEASES = LeaseRenewer()
 
 
 class AttemptSeat:
@@ -48,7 +48,7 @@ class AttemptSeat:
         # past it, an admission wait gives the delivery back (a Celery limit cannot pause)
         self.deadline = time.monotonic() + wait_limit(self._time_limit())
 
-    def begin(self, fresh: JobRecord | None, lease_ms: int | None) -> Begun | None:
+    def begin(self, fresh: JobRecord | None, lease_ms: int | None) -> AdmissionReply | None:
         assert fresh is not None  # a Celery attempt always writes its ``active`` record
         return with_retry(self.task.app, lambda: self.store.begin(
             self.claim_key(), self.token(), fresh, lease_ms=lease_ms),

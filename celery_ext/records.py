@@ -33,7 +33,7 @@ from celery.backends.rpc import RPCBackend
 
 from celery_ext._result_ride import attach
 from ojs_adapters import JobRecord
-from ojs_adapters.runtime.claims import Begun, begin_on_redis, claim_of
+from ojs_adapters.runtime.claims import AdmissionReply, begin_on_redis, claim_of
 from ojs_adapters.runtime.group_commit import run_script
 from ojs_adapters.runtime.handoff import ORDERED_SAVE_LUA, Claim, record_rank
 from ojs_adapters.runtime.leases import LEASE_LUA, RELEASE_LUA
@@ -157,13 +157,13 @@ class RecordStore:
         return "new" if held is None else claim_of(held, token)
 
     def begin(self, key: str, token: str, started: JobRecord, *,
-              lease_ms: int | None = None) -> Begun | None:
+              lease_ms: int | None = None) -> AdmissionReply | None:
         """``claim`` and ``load`` in one round trip on the Redis backend, saving
         ``started`` when the claim is new and the stored record (if any) is of an
         earlier attempt; ``None`` on other backends (then one call each).
-        The returned ``Begun.record`` is the record as it was before. With
+        The returned ``AdmissionReply.record`` is the record as it was before. With
         ``lease_ms``, the attempt's lease is taken for ``token`` first, in the same call
-        (``Begun.leased``)."""
+        (``AdmissionReply.leased``)."""
         client = self._redis_client()
         if client is None:
             return None

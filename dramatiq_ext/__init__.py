@@ -18,9 +18,20 @@ True
 from dramatiq_ext._context import current_job
 from dramatiq_ext._options import BUDGET_OPTION, KEY_OPTION, POLICY_OPTION, InvalidRetryPolicy
 from dramatiq_ext._state import STATE_OPTION
-from dramatiq_ext.middleware import ACTOR_OPTIONS, DeadLettered, JitterSource, OjsRetries
+from dramatiq_ext.middleware import (
+    ACTOR_OPTIONS,
+    DeadLettered,
+    JitterSource,
+    JobDeadLettered,
+    OjsRetries,
+)
 from dramatiq_ext.records import get_job_record
-from dramatiq_ext.stores import MemoryRecordStore, RecordStore, RedisRecordStore
+from dramatiq_ext.stores import (
+    MemoryRecordStore,
+    RecordStore,
+    RedisRecordStore,
+    ResultsRecordStore,
+)
 
 __all__ = [
     "ACTOR_OPTIONS",
@@ -31,10 +42,12 @@ __all__ = [
     "DeadLettered",
     "InvalidRetryPolicy",
     "JitterSource",
+    "JobDeadLettered",
     "MemoryRecordStore",
     "OjsRetries",
     "RecordStore",
     "RedisRecordStore",
+    "ResultsRecordStore",
     "current_job",
     "get_job_record",
 ]

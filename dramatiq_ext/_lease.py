@@ -24,12 +24,12 @@ from dramatiq_ext._state import MessageState
 from dramatiq_ext.stores import claim
 from ojs_adapters.history import JobRecord
 from ojs_adapters.runtime.backend_retry import BackendRetry
-from ojs_adapters.runtime.claims import Begun
+from ojs_adapters.runtime.claims import AdmissionReply
 from ojs_adapters.runtime.handoff import Claim, attempt_id
-from ojs_adapters.runtime.leases import Heartbeat, lease
+from ojs_adapters.runtime.leases import LeaseRenewer, lease
 
 #: Renews the leases of the Dramatiq deliveries this process works on (a registry).
-HEARTBEAT = Heartbeat()
+LEASE_RENEWER = LeaseRenewer()
 #: Attribute of a ``MessageProxy`` naming the holder of its attempt's lease.
 LEASED = "_ojs_lease_holder"
 
@@ -50,7 +50,7 @@ class DeliverySeat:
         self.retry, self.ttl, self.started = backend_retry, record_ttl, started
         self.give_back: Callable[[str], NoReturn] = give_back
 
-    def begin(self, fresh: JobRecord | None, lease_ms: int | None) -> Begun | None:
+    def begin(self, fresh: JobRecord | None, lease_ms: int | None) -> AdmissionReply | None:
         begin = getattr(self.store, "begin", None)
         if begin is None:
             return None
@@ -58,7 +58,7 @@ class DeliverySeat:
         options: dict[str, Any] = {"lease_ms": lease_ms} if lease_ms is not None else {}
         if self.attempt > 1:
             options["attempt"] = self.attempt
-        begun: Begun = self.retry.call(
+        begun: AdmissionReply = self.retry.call(
             lambda: begin(self.key, self.token, self.ttl, self.message.message_id, data,
                           **options), operation="claim attempt")
         return begun
@@ -80,7 +80,7 @@ class DeliverySeat:
         return claimed
 
     def hold_lease(self) -> None:
-        HEARTBEAT.hold(self.store, self.key, self.token)
+        LEASE_RENEWER.hold(self.store, self.key, self.token)
         vars(self.message)[LEASED] = self.token
 
     def waiting(self) -> Any:

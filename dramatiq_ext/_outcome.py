@@ -33,12 +33,17 @@ from ojs_adapters.runtime.delivery import Unpublished, redecided
 from ojs_adapters.runtime.events import DecisionEvent, emit
 from ojs_adapters.runtime.handoff import error_headers, handed_off
 
-#: Attribute of a ``MessageProxy`` holding the ``DeadLettered`` it was failed with.
+#: Attribute of a ``MessageProxy`` holding the ``JobDeadLettered`` it was failed with.
 DEAD = "_ojs_dead_lettered"
 
 
-class DeadLettered(Exception):
-    """The exception a dead-lettered message carries into ``Results`` and ``StubBroker.join``."""
+class JobDeadLettered(Exception):
+    """The exception a dead-lettered message carries into ``Results`` and ``StubBroker.join``
+    (``celery_ext.JobDeadLettered`` is its Celery twin)."""
+
+
+#: The name this exception had before it took Celery's (kept for ``except`` clauses).
+DeadLettered = JobDeadLettered
 
 
 class AttemptConsumed(MiddlewareError, Retry):
@@ -179,11 +184,11 @@ class DeliveryOutcome:
 def failed_to_dead_letters(message: MessageProxy, state: MessageState,
                            logger: logging.Logger) -> None:
     """``message`` is failed: its nack puts it in ``.XQ``. What ``Results`` stores for it
-    (a ``DeadLettered`` naming the last error), the log line, the on_dead_letter hooks."""
+    (a ``JobDeadLettered`` naming the last error), the log line, the on_dead_letter hooks."""
     message.fail()
     if state.errors:
         last = state.errors[-1]
-        dead = DeadLettered(f"{last.code} {last.type}: {last.message}")
+        dead = JobDeadLettered(f"{last.code} {last.type}: {last.message}")
         message.stuff_exception(dead)
         vars(message)[DEAD] = dead  # the worker may stuff its own after us: put back
     logger.info("Message %r dead-lettered to %r after attempt %d.",

@@ -81,7 +81,7 @@ RETRY_DECLARE = 60.0
 
 #: Moves the due entries of KEYS[1] (score <= ARGV[2], at most ARGV[3]) into their
 #: queues under namespace ARGV[1], as dispatch.lua's ``enqueue`` command does.
-_MOVE = """
+_MOVE_DUE_LUA = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
 for _, member in ipairs(due) do
   local entry = cjson.decode(member)
@@ -234,7 +234,7 @@ class Mover:
     def __init__(self, broker: Any, interval: float = POLL_SECONDS) -> None:
         self.broker = broker
         self.interval = interval
-        self._script = broker.client.register_script(_MOVE)
+        self._script = broker.client.register_script(_MOVE_DUE_LUA)
         self._runner = Periodic("ojs-dramatiq-park-mover", self._round, interval,
                                 logger=logger)
 

@@ -138,7 +138,7 @@ class RetriesSettings(Middleware):
     # -- declaring, sending, booting: validation (RET-16) -------------------------------------
 
     def before_declare_actor(self, broker: Broker, actor: Any) -> None:
-        self._claim(broker)
+        self._take_retries_slot(broker)
         first = actor.actor_name not in self._actor_policies  # this hook runs twice per actor
         self._actor_policies[actor.actor_name] = actor_policy(
             actor.options, self.default_policy, actor=actor.actor_name,
@@ -155,12 +155,12 @@ class RetriesSettings(Middleware):
     after_declare_actor = before_declare_actor
 
     def before_enqueue(self, broker: Broker, message: Any, delay: int | None) -> None:
-        self._claim(broker)
+        self._take_retries_slot(broker)
         check_message_options(message.options, actor=message.actor_name)
         ensure_idempotency_key(message.options, actor=message.actor_name)
 
     def before_worker_boot(self, broker: Broker, worker: Any) -> None:
-        self._claim(broker)
+        self._take_retries_slot(broker)
         recover_delays(broker)  # Redis: held retries come back after a lost link (issue 8)
         guard_acks(broker)  # RabbitMQ: no late ack lands on another message (issue 11)
         check_store(broker, self.store_for(broker), self.logger)  # records per process? (#16)
@@ -174,7 +174,7 @@ class RetriesSettings(Middleware):
     def after_worker_shutdown(self, broker: Broker, worker: Any) -> None:
         self.parking.stop_mover(broker)
 
-    def _claim(self, broker: Broker) -> None:
+    def _take_retries_slot(self, broker: Broker) -> None:
         """Take Dramatiq's ``Retries`` slot (see this module's docstring)."""
         slots = broker.middleware
         for index, other in enumerate(slots):

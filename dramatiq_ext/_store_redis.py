@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dramatiq_ext._store_protocol import DEFAULT_RECORD_TTL
-from ojs_adapters.runtime.claims import Begun, begin_on_redis, claim_of
+from ojs_adapters.runtime.claims import AdmissionReply, begin_on_redis, claim_of
 from ojs_adapters.runtime.group_commit import run_script
 from ojs_adapters.runtime.handoff import ORDERED_SAVE_LUA, Claim, record_rank
 from ojs_adapters.runtime.leases import LEASE_LUA
@@ -84,7 +84,7 @@ class RedisRecordStore:
 
     def begin(self, key: str, token: str, ttl: int, message_id: str,
               started: Mapping[str, Any] | None, *, lease_ms: int | None = None,
-              attempt: int | None = None) -> Begun:
+              attempt: int | None = None) -> AdmissionReply:
         """``claim`` and ``load`` in one round trip, saving ``started`` (if given) when
         both find nothing (a new claim, no record), or, with ``attempt``, a record of an
         earlier attempt: an attempt's whole start. With ``lease_ms``, the attempt's lease

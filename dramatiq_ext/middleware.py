@@ -22,12 +22,20 @@ from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from dramatiq_ext._context import clear_current_job, set_current_job
 from dramatiq_ext._held_ack import PENDING, AckGate, HandoffPending, Pending
-from dramatiq_ext._lease import HEARTBEAT, LEASED, DeliverySeat, claim_key, time_limit_ms, token_of
+from dramatiq_ext._lease import (
+    LEASE_RENEWER,
+    LEASED,
+    DeliverySeat,
+    claim_key,
+    time_limit_ms,
+    token_of,
+)
 from dramatiq_ext._outcome import (
     DEAD,
     AttemptConsumed,
     DeadLettered,
     DeliveryOutcome,
+    JobDeadLettered,
     failed_to_dead_letters,
 )
 from dramatiq_ext._records import Records, key_of, new_record
@@ -42,7 +50,7 @@ from ojs_adapters.runtime._instant import note_job
 from ojs_adapters.runtime.admission import admit, wait_limit
 from ojs_adapters.runtime.delivery import carry_out
 
-__all__ = ["ACTOR_OPTIONS", "DeadLettered", "JitterSource", "OjsRetries"]
+__all__ = ["ACTOR_OPTIONS", "DeadLettered", "JitterSource", "JobDeadLettered", "OjsRetries"]
 
 #: Where ``before_process_message`` leaves the record it wrote, for this delivery only.
 _STARTED = "_ojs_started_record"
@@ -83,7 +91,7 @@ class OjsRetries(RetriesSettings):
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         started = time.monotonic()  # TimeLimit (before us in the list) started just now
-        self._claim(broker)
+        self._take_retries_slot(broker)
         state = MessageState.of(message.options)
         if state.dead_letter:  # the hop to the dead-letter queue: fail it, never run it
             if self._claim_step(broker, message, state, "dead_letter") == "other":
@@ -139,7 +147,7 @@ class OjsRetries(RetriesSettings):
             self.logger.warning("Message %r arrived again after attempt %d was decided: "
                                 "publishing its retry again.", message.message_id, record.attempt)
             self._outcome(broker, message, state, policy).resend(record)
-        elif verdict == "redo_terminal":
+        elif verdict == "redo_dead_letter":
             self.logger.warning("Message %r arrived again after it was dead-lettered: "
                                 "publishing the dead letter again.", message.message_id)
             self._outcome(broker, message, state, policy).redo_dead_letter(record)
@@ -190,7 +198,7 @@ class OjsRetries(RetriesSettings):
             if message.failed and not failed:  # failed into .XQ instead: Dramatiq chose
                 # the ack already; on this error it waits, looks again, and nacks.
                 raise HandoffPending(f"{message.message_id} dead-lettered; nack, not ack")
-        HEARTBEAT.drop(vars(message).pop(LEASED, ""))  # the outcome is stored: let it lapse
+        LEASE_RENEWER.drop(vars(message).pop(LEASED, ""))  # the outcome is stored: let it lapse
 
     before_nack = before_ack
 

@@ -19,7 +19,7 @@ from typing import NamedTuple, NoReturn, Protocol, TypeVar
 
 from ojs_adapters.history import JobRecord
 from ojs_adapters.runtime.backend_retry import count_failure
-from ojs_adapters.runtime.claims import Begun, record_of
+from ojs_adapters.runtime.claims import AdmissionReply, record_of
 from ojs_adapters.runtime.handoff import Claim, Verdict, judge_delivery
 from ojs_adapters.runtime.leases import WAIT_SECONDS, lease_ms
 
@@ -42,7 +42,7 @@ class Seat(Protocol):
     label: str  # "<task>[<job id>]", for the log lines
     logger: logging.Logger
 
-    def begin(self, fresh: JobRecord | None, lease_ms: int | None) -> Begun | None:
+    def begin(self, fresh: JobRecord | None, lease_ms: int | None) -> AdmissionReply | None:
         """Lease (with ``lease_ms``), claim, read and maybe write ``fresh``, in one call;
         ``None`` where the store cannot do that in one."""
 
@@ -118,7 +118,7 @@ def read_record(seat: Seat) -> JobRecord | None:
         return None
 
 
-def _begin(seat: Seat, fresh: JobRecord | None, lease: int | None) -> Begun | None:
+def _begin(seat: Seat, fresh: JobRecord | None, lease: int | None) -> AdmissionReply | None:
     try:
         return seat.begin(fresh, lease)
     except Exception:  # the step-by-step path waits for the store

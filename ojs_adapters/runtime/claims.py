@@ -28,7 +28,7 @@ from ojs_adapters.runtime.handoff import Claim
 # write only when no record exists; else also over a record of an earlier attempt),
 # ARGV[6] the lease holder and ARGV[7] its TTL (ms), with KEYS[3]. A lease held by
 # another holder stops the script before the claim: the delivery waits (``leases``).
-_BEGIN = """
+_ADMIT_LUA = """
 if #KEYS > 2 then
   local holder = redis.call('GET', KEYS[3])
   if holder and holder ~= ARGV[6] then return {0, false, false, 0, 0} end
@@ -59,7 +59,7 @@ return {claimed and 1 or 0, held, record, wrote, 1}
 """
 
 
-class Begun(NamedTuple):
+class AdmissionReply(NamedTuple):
     """What ``begin_on_redis`` found: the claim, the stored record (raw), whether it wrote,
     and whether this delivery holds the attempt's lease (``False``: another live delivery
     does, and nothing else was done; ``None``: no lease was asked for)."""
@@ -95,7 +95,7 @@ def claim_of(held: str | bytes, token: str) -> Claim:
 def begin_on_redis(client: Any, *, claim_key: str, record_key: str, token: str,
                    claim_ttl_ms: int, started: str | None, record_ttl_ms: int | None,
                    attempt: int | None = None, lease_key: str | None = None,
-                   lease_ttl_ms: int = 0) -> Begun:
+                   lease_ttl_ms: int = 0) -> AdmissionReply:
     """Claim ``claim_key`` for ``token`` and read ``record_key``, atomically.
 
     ``started`` (a record's JSON) is written when the claim is new and no record
@@ -109,10 +109,10 @@ def begin_on_redis(client: Any, *, claim_key: str, record_key: str, token: str,
     if lease_key is not None:
         keys.append(lease_key)
         args.extend([token, lease_ttl_ms])
-    claimed, held, record, wrote, leased = run_script(client, _BEGIN, keys, args)
+    claimed, held, record, wrote, leased = run_script(client, _ADMIT_LUA, keys, args)
     lease = None if lease_key is None else bool(leased)
     if lease is False:
-        return Begun("other", None, False, False)
+        return AdmissionReply("other", None, False, False)
     if claimed:
         claim: Claim = "new"
     else:
@@ -120,8 +120,8 @@ def begin_on_redis(client: Any, *, claim_key: str, record_key: str, token: str,
     if not claimed and _text(held) == token and started and _text(record) == started:
         # This delivery's own claim and start, written by a call whose reply was lost:
         # as that call would have answered (else the start looks like a lost worker's).
-        return Begun("new", None, True, lease)
-    return Begun(claim, record, bool(wrote), lease)
+        return AdmissionReply("new", None, True, lease)
+    return AdmissionReply(claim, record, bool(wrote), lease)
 
 
 def _text(raw: bytes | str | None) -> str | None:

@@ -93,7 +93,7 @@ Claim = Literal["new", "mine", "other"]
 #: What a delivery is: run it; count its lost previous run (RET-12); publish the
 #: successor again (its first publish may not have landed); redo the terminal step
 #: (the dead letter may not have landed); or drop it, a duplicate.
-Verdict = Literal["run", "lost", "resend", "redo_terminal", "duplicate"]
+Verdict = Literal["run", "lost", "resend", "redo_dead_letter", "duplicate"]
 
 
 def attempt_id(job_id: str, attempt: int) -> str:
@@ -189,5 +189,5 @@ def judge_delivery(record: JobRecord | None, attempt: int, *, claim: Claim = "ne
     if record.state == "retryable":
         return "duplicate" if accepted else "resend"
     if record.state == "discarded" and record.dead_lettered and not accepted:
-        return "redo_terminal"
+        return "redo_dead_letter"
     return "duplicate"

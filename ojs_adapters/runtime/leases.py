@@ -10,7 +10,7 @@ lost attempt (a phantom ``HANDLER_PANIC``, RET-12) and publish a retry that may 
 the body again, while the first delivery completes.
 
 So each delivery first takes a *lease* on its attempt in the record store (keyed
-like the claim, held by ``<copy token>|<delivery nonce>``), renewed by a ``Heartbeat``:
+like the claim, held by ``<copy token>|<delivery nonce>``), renewed by a ``LeaseRenewer``:
 one daemon thread per adapter and process, every ``BEAT_SECONDS`` (each adapter keeps
 its own, so that a slow store of one cannot delay the renewals of the other). A
 delivery that finds another's lease alive waits (nothing run), re-reading the record,
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 #: How long a lease outlives its last renewal, in seconds: how long a redelivery after
 #: a crash waits before it counts the lost attempt.
 LEASE_SECONDS = 6.0
-#: How often a ``Heartbeat`` renews the leases it holds, in seconds: a store outage of up to
+#: How often a ``LeaseRenewer`` renews the leases it holds, in seconds: a store outage of up to
 #: ``LEASE_SECONDS - BEAT_SECONDS`` (5 s) leaves a live lease alive.
 BEAT_SECONDS = 1.0
 #: How often a delivery waiting for another one's lease looks again, in seconds.
@@ -85,7 +85,7 @@ def lease(store: Any, key: str, holder: str, ttl: int) -> bool | None:
     return None if taken is None else bool(taken)
 
 
-class Heartbeat:
+class LeaseRenewer:
     """Renews the leases of the deliveries this process works on.
 
     A registry by construction: ``hold`` adds one, ``drop`` stops renewing it.
@@ -129,7 +129,7 @@ class Heartbeat:
             self.beat()
 
 
-def release(heartbeat: Heartbeat, store: Any, key: str, holder: str) -> None:
+def release(heartbeat: LeaseRenewer, store: Any, key: str, holder: str) -> None:
     """Stop renewing ``holder``'s lease on ``key`` and give it up now (if it still holds
     it), so the next delivery need not wait for it to lapse; only the drop for stores
     without ``release_lease``, and a store error is logged (the lease then lapses)."""

@@ -12,10 +12,10 @@ from celery import Celery
 from celery_ext import JobDiscarded
 from celery_ext.records import LEASE_SUFFIX, RecordStore
 from ojs_adapters.runtime.events import DecisionEvent, add_hook, remove_hook
-from ojs_adapters.runtime.leases import BEAT_SECONDS, Heartbeat, lease, release
+from ojs_adapters.runtime.leases import BEAT_SECONDS, LeaseRenewer, lease, release
 from tests.celery_ext.conftest import Env
 
-BEAT = Heartbeat()
+BEAT = LeaseRenewer()
 
 
 def test_a_lease_has_one_holder_and_only_its_holder_releases_it(redis_url: str) -> None:

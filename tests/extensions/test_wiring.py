@@ -175,3 +175,30 @@ def test_dramatiq_key_reaches_the_actor_and_survives_the_retry() -> None:
     assert record is not None and record.extra["idempotency_key"] == key
     budget = next(m for m in broker.middleware if isinstance(m, OjsRetries))
     assert isinstance(budget.retry_budgets(broker).get("stub-dep"), LocalRetryBudget)
+
+
+def test_celery_current_job_is_self_ojs_for_code_without_self() -> None:
+    """``celery_ext.current_job()`` names the running attempt as ``dramatiq_ext`` does."""
+    from celery_ext import current_job as celery_current_job
+    from ojs_adapters.testing import instant_retries
+
+    app = _celery_app()
+    app.conf.task_always_eager = True
+    seen: list[tuple[Any, Any]] = []
+
+    def helper() -> Any:  # code the task calls, with no ``self`` at hand
+        return celery_current_job()
+
+    @app.task(base=OjsTask, bind=True, name="twice", shared=False,
+              retry_policy={"max_attempts": 2, "jitter": False})
+    def twice(self: Any) -> None:
+        seen.append((helper(), self.ojs))
+        if len(seen) == 1:
+            raise RuntimeError("first attempt fails")
+
+    assert celery_current_job() is None  # outside a task
+    with instant_retries():
+        twice.apply_async(idempotency_key="order-9").get()
+    assert [(job.attempt, job.idempotency_key) for job, _ in seen] == [(1, "order-9"),
+                                                                       (2, "order-9")]
+    assert all(job == own for job, own in seen)

@@ -82,5 +82,5 @@ def test_idempotent_handoff_verdicts() -> None:
     assert judge_delivery(waiting.started(2), 2, claim="mine") == "lost"  # its worker died
     assert judge_delivery(waiting, 2, claim="mine") == "lost"       # ran while the store was down
     dead = JobRecord("j", "t", "q", 1).started(1).failed(entry, action="dead_letter")
-    assert judge_delivery(dead, 1) == "redo_terminal"
+    assert judge_delivery(dead, 1) == "redo_dead_letter"
     assert judge_delivery(handed_off(dead), 1) == "duplicate"

@@ -1,0 +1,20 @@
+"""``current_job()``: the running attempt's ``JobContext``, as ``dramatiq_ext`` names it.
+
+The same value as ``self.ojs`` in a bound task, for code that has no ``self`` (a helper
+the task calls, an unbound task).
+"""
+
+from __future__ import annotations
+
+from celery import current_task
+
+from ojs_adapters import JobContext
+
+
+def current_job() -> JobContext | None:
+    """The running ``OjsTask`` attempt's context; ``None`` outside one."""
+    task = current_task._get_current_object()  # the proxy's class is not the task's
+    if task is None or not hasattr(type(task), "ojs") or task.request.id is None:
+        return None
+    context: JobContext = task.ojs
+    return context
