@@ -1,9 +1,9 @@
 """Load test (issue 8): N jobs through a real worker on Redis, every ending checked.
 
-Of the jobs, 5% always fail and 30% fail once (``kind_of``), under ``POLICY``
+Of the jobs, 5% always fail and 30% fail once (``kind_of``), under ``load_worker.POLICY``
 (``max_attempts: 3``, 10 ms intervals, ``on_exhaustion: dead_letter``). The worker
-runs in a process of its own (Celery: ``threads`` pool; Dramatiq: ``dramatiq.Worker``),
-so its peak RSS (``VmHWM``) is its own. ``run`` then checks, for each job:
+runs in a process of its own (``load_worker``; Celery: ``threads`` pool; Dramatiq:
+``dramatiq.Worker``), so its peak RSS (``VmHWM``) is its own. ``run`` then checks, for each job:
 
 - the job record (``get_job_record``) ends as ``EXPECTED`` for its kind (outcome,
   attempt, number of history entries);
@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
@@ -38,20 +37,17 @@ from typing import Any
 
 import redis
 
-#: Policy of the load job: three attempts, tiny fixed intervals, dead letter at the end.
-POLICY = {"max_attempts": 3, "initial_interval": "PT0.01S", "backoff_coefficient": 1.0,
-          "max_interval": "PT0.05S", "jitter": False, "on_exhaustion": "dead_letter"}
+from bench.load_worker import JOB_NAME, celery_app, dramatiq_broker, serve
+
 #: (outcome, attempt, history entries) each kind of job must end with.
 EXPECTED = {"ok": ("completed", 1, 0), "flaky": ("completed", 2, 1),
             "dead": ("dead_letter", 3, 3)}
-#: Runs of the body per kind under ``POLICY``.
+#: Runs of the body per kind under ``load_worker.POLICY``.
 RUNS = {"ok": 1, "flaky": 2, "dead": 3}
 #: The Redis the load runs on.
 REDIS_URL = os.environ.get("OJS_REDIS_URL", "redis://127.0.0.1:6379/0")
 #: Worker threads.
 THREADS = 8
-#: Name of the load task / actor.
-JOB_NAME = "ojs_load_job"
 _ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -59,17 +55,6 @@ def kind_of(index: int) -> str:
     """Job ``index``'s kind: 1 in 20 ``dead`` (5%), 6 in 20 ``flaky`` (30%), else ``ok``."""
     slot = index % 20
     return "dead" if slot == 0 else "flaky" if slot <= 6 else "ok"
-
-
-class LoadFailure(Exception):
-    """What a failing load job raises."""
-
-
-def _body(client: Any, counter: str, kind: str, attempt: int) -> str:
-    client.incr(counter)
-    if kind == "dead" or (kind == "flaky" and attempt == 1):
-        raise LoadFailure(f"{kind} job, attempt {attempt}")
-    return "ok"
 
 
 @dataclass
@@ -90,84 +75,6 @@ class LoadResult:
         return (f"{self.framework:9} {self.jobs:7} {self.seconds:8.1f} s  {ends:36} "
                 f"DLQ {self.dead_letters:5}  runs {self.runs:6}  peak RSS "
                 f"{self.peak_rss_mb:6.1f} MB  {'OK' if not self.problems else 'FAILED'}")
-
-
-# -- the two frameworks: an app/broker builder each, the same on both sides ----------------
-
-
-def celery_app(prefix: str, redis_url: str) -> Any:
-    """The Celery app (and its ``JOB_NAME`` task) of a load run under key prefix ``prefix``."""
-    from celery import Celery
-
-    from celery_ext import OjsTask
-    from celery_ext._headers import HeaderState
-
-    app = Celery("ojs_load", broker=redis_url, backend=redis_url, set_as_current=False)
-    app.conf.update(
-        broker_transport_options={"global_keyprefix": prefix + ":", "visibility_timeout": 600},
-        result_backend_transport_options={"global_keyprefix": prefix + ":"},
-        result_expires=3600, worker_hijack_root_logger=False,
-        broker_connection_retry_on_startup=True, worker_prefetch_multiplier=4,
-    )
-    client = redis.Redis.from_url(redis_url)
-
-    @app.task(shared=False, base=OjsTask, bind=True, name=JOB_NAME,  # type: ignore[untyped-decorator]
-              retry_policy=POLICY)
-    def job(self: Any, kind: str) -> str:
-        attempt = HeaderState.from_headers(self.request.headers).attempt
-        return _body(client, f"{prefix}:runs", kind, attempt)
-
-    return app
-
-
-def dramatiq_broker(prefix: str, queue: str, redis_url: str) -> tuple[Any, Any]:
-    """The RedisBroker (namespace ``prefix``) and the ``JOB_NAME`` actor of a load run."""
-    import dramatiq
-    from dramatiq.brokers.redis import RedisBroker
-    from dramatiq.middleware import (
-        AgeLimit,
-        Callbacks,
-        CurrentMessage,
-        Pipelines,
-        ShutdownNotifications,
-    )
-
-    from dramatiq_ext import OjsRetries
-    from dramatiq_ext._state import MessageState
-
-    broker = RedisBroker(url=redis_url, namespace=prefix, middleware=[  # type: ignore[no-untyped-call]
-        AgeLimit(), ShutdownNotifications(), Callbacks(), Pipelines(), CurrentMessage(),
-        OjsRetries()])
-    client = redis.Redis.from_url(redis_url)
-
-    def job(kind: str) -> str:
-        message = CurrentMessage.get_current_message()
-        attempt = MessageState.of(message.options).attempt if message else 1
-        return _body(client, f"{prefix}:runs", kind, attempt)
-
-    actor = dramatiq.actor(broker=broker, queue_name=queue, actor_name=JOB_NAME,
-                           retry_policy=POLICY)(job)
-    return broker, actor
-
-
-def serve(framework: str, prefix: str, queue: str, redis_url: str, threads: int) -> None:
-    """Run a worker until SIGTERM (the worker process of ``run``)."""
-    if framework == "celery":
-        app = celery_app(prefix, redis_url)
-        app.worker_main(["worker", "-P", "threads", "-c", str(threads), "-Q", queue,
-                         "--loglevel", "ERROR", "--without-gossip", "--without-mingle",
-                         "--without-heartbeat"])
-        return
-    import dramatiq
-
-    broker, _actor = dramatiq_broker(prefix, queue, redis_url)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    worker = dramatiq.Worker(broker, worker_threads=threads, worker_timeout=100)
-    worker.start()
-    stop.wait()
-    worker.stop(timeout=10_000)
-    broker.close()
 
 
 # -- one run -------------------------------------------------------------------------------

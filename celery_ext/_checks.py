@@ -27,24 +27,34 @@ from typing import Any
 
 from celery import signals
 
+from celery_ext._eager_warnings import EAGER_WARNED, warn_eager_once, warn_not_eager_once
 from celery_ext._heartbeat import HEARTBEAT_SETTING
 from celery_ext._parking import PARK_SETTING, park_after
 from celery_ext.records import RecordStore
+from celery_ext.task import OjsTask
 from ojs_adapters.errors import OjsValidationError
 from ojs_adapters.runtime.parking import DEFAULT_PARK_AFTER, park_threshold
 
 logger = logging.getLogger("celery_ext")
+
+# The eager-call warnings moved to ``_eager_warnings``; kept importable from here.
+__all__ = ["EAGER_WARNED", "OJS_TASK_OPTIONS", "check_worker_settings", "warn_eager_once",
+           "warn_not_eager_once"]
 
 
 def check_worker_settings(app: Any) -> list[str]:
     """Problems with ``app``'s settings for its OjsTasks, as sentences (empty: all good).
 
     >>> from celery import Celery
-    >>> check_worker_settings(Celery("demo", broker="memory://", backend="cache+memory://"))
+    >>> app = Celery("demo", broker="memory://", backend="redis://localhost")
+    >>> @app.task(base=OjsTask, shared=False)
+    ... def charge(order_id): ...
+    >>> check_worker_settings(app)
     []
+    >>> app.conf.task_always_eager = True
+    >>> print(*check_worker_settings(app))  # doctest: +ELLIPSIS
+    task_always_eager runs each OjsTask once in the caller: no retries, ...
     """
-    from celery_ext.task import OjsTask  # the task module imports this package
-
     problems = [f"{t.name}: {', '.join(o)} ignored: the task is not an OjsTask, so it "
                 "is neither retried nor dead-lettered by the policy; declare it with "
                 "base=OjsTask, or make OjsTask every task's base with Celery(..., "
@@ -83,32 +93,6 @@ def check_worker_settings(app: Any) -> list[str]:
 
 #: Class options that mean something only on an OjsTask.
 OJS_TASK_OPTIONS = ("retry_policy", "retry_budget", "dead_letter_queue", "jitter_source")
-#: Registry of the tasks whose eager use was already warned of (once per process).
-EAGER_WARNED: set[str] = set()
-
-
-def warn_eager_once(task_name: str) -> None:
-    """Log, on the first eager call of ``task_name``, that eager mode skips the policy
-    (and where to get it in a test: ``instant_retries()``)."""
-    if task_name in EAGER_WARNED:
-        return
-    EAGER_WARNED.add(task_name)
-    logger.warning("ojs-adapters: %s ran eagerly (task_always_eager or apply()): the body "
-                   "runs once and its error is raised as is, with no retries, countdowns or "
-                   "dead letter; send it to a worker to apply its OJS policy, or, in a test, "
-                   "call it inside ojs_adapters.testing.instant_retries() (pytest fixture "
-                   "ojs_retries) to apply the policy in place without waiting", task_name)
-
-
-def warn_not_eager_once(task_name: str) -> None:
-    """Log, once per task, that ``instant_retries()`` saw a send to a real broker."""
-    key = f"not-eager:{task_name}"
-    if key in EAGER_WARNED:
-        return
-    EAGER_WARNED.add(key)
-    logger.warning("ojs-adapters: %s was sent to the broker inside instant_retries(), which "
-                   "records eager runs only: set task_always_eager = True (and a result "
-                   "backend such as cache+memory://) in your test settings", task_name)
 
 
 def _plain_tasks_with_ojs_options(app: Any, ojs_task: type) -> list[tuple[Any, list[str]]]:

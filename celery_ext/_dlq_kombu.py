@@ -23,7 +23,7 @@ from typing import Any
 
 from kombu.entity import Queue
 
-from celery_ext.dlq import (
+from celery_ext._dlq_common import (
     JobRecords,
     dead_letter_of,
     dead_letter_queues,

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from celery_ext.dlq import (
+from celery_ext._dlq_common import (
     JobRecords,
     dead_letter_of,
     dead_letter_queues,

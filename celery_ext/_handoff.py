@@ -41,7 +41,6 @@ dead-lettered instead, with a history entry naming why (``encoder_cause``,
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import uuid
@@ -53,13 +52,12 @@ from typing import Any, TypeVar
 from kombu.exceptions import SerializationError, SerializerNotInstalled
 
 from ojs_adapters.runtime.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
+from ojs_adapters.runtime.dlq import replay_info
 
 T = TypeVar("T")
 
 #: Header holding the token of one published copy.
 TOKEN_HEADER = "ojs-token"
-#: Header a dead-letter replay adds (``celery_ext.dlq``): it starts a new round of claims.
-REPLAY_HEADER = "ojs-replay"
 #: App setting: a ``runtime.backend_retry.BackendRetry`` for the adapter's broker calls.
 BACKEND_RETRY_SETTING = "ojs_backend_retry"
 #: Confirming connections at most kept per app.
@@ -109,11 +107,10 @@ def with_retry(app: Any, fn: Callable[[], T], *, operation: str) -> T:
 
 
 def replay_round(headers: Any) -> int:
-    """How many times a dead-letter replay sent this job again (0: never)."""
-    raw = (headers or {}).get(REPLAY_HEADER)
+    """How many times a dead-letter replay sent this job again (0: never): a replay
+    (its ``REPLAY_HEADER``, ``celery_ext.dlq``) starts a new round of claims."""
     try:
-        data = json.loads(raw) if isinstance(raw, (str, bytes)) else dict(raw or {})
-        return int(data.get("replay_count", 0))
+        return int(replay_info(headers).get("replay_count", 0))
     except (TypeError, ValueError):
         return 0
 

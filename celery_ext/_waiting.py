@@ -6,7 +6,7 @@
 - **Redis, held**: ETA messages a worker holds unacked (kombu's ``unacked`` hash, read
   whole: only what was prefetched). Listed, not actionable: the worker owns them.
 - **RabbitMQ, parked**: in the delay levels' TTL queues, which AMQP can count but not
-  list or take from; so the worker that parks a retry also notes it (``index_parked``,
+  list or take from; so the worker that parks a retry also notes it (``_parked_index``,
   one round trip) in an *index*: the sorted set ``<result key prefix>_ojs.parked`` on
   the Redis result backend, members as in the Redis set. *Retry now* publishes a copy
   (same body and headers, a fresh ``ojs-token``, due now) to the queue; the parked
@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import base64
 import json
-import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from kombu.utils.json import dumps
-
 from celery_ext._handoff import TOKEN_HEADER, new_token, replay_round
 from celery_ext._headers import HEADER, HeaderState
+from celery_ext._parked_index import COPIED_PROPERTIES, index_key, index_parked
 from celery_ext._parking import PARKED_KEY, prefix_of
 from celery_ext.records import CLAIM_SUFFIX, RecordStore
 from ojs_adapters.history import utc_now
@@ -41,14 +39,15 @@ from ojs_adapters.runtime.handoff import attempt_id
 from ojs_adapters.runtime.parked_scan import ParkedSetScan, memory_page
 from ojs_adapters.runtime.stats import StatsReader
 
-logger = logging.getLogger("celery_ext")
+# ``index_parked`` and ``index_key`` live in ``_parked_index`` (``_parking`` notes parked
+# retries there); kept importable from here.
+__all__ = ["DISCARDED_BY_OPERATOR", "DISCARD_CLAIM", "CeleryRetryView", "index_key",
+           "index_parked"]
 
 #: Record ``end_reason`` of a retry an operator discarded.
 DISCARDED_BY_OPERATOR = "discarded by an operator"
 #: The claim an operator's *discard* takes on the attempt (``<copy>|<delivery>``).
 DISCARD_CLAIM = "discarded-by-operator|console"
-#: Message properties a copy keeps.
-_PROPERTIES = ("priority", "correlation_id", "reply_to", "delivery_mode")
 
 #: KEYS[1] the parked set; ARGV: (member, list key, new payload) triples. Each member
 #: still parked is removed and its payload pushed (as kombu's ``_put``); the count moved.
@@ -62,32 +61,6 @@ for i = 1, #ARGV, 3 do
 end
 return moved
 """
-
-
-def index_key(app: Any) -> bytes | None:
-    """The RabbitMQ parked-retry index of ``app`` (``None`` without a Redis result backend)."""
-    return app.backend.get_key_for_task(PARKED_KEY) if RecordStore(app.backend).leases \
-        else None
-
-
-def index_parked(app: Any, message: Any, queue: str, due: float) -> None:
-    """Note an AMQP ``message`` parked for ``queue`` until ``due`` in the index (one round
-    trip); a failure is logged, never raised: the retry is parked already."""
-    try:
-        if (key := index_key(app)) is None:
-            return
-        props, body = dict(message.properties), message.body
-        envelope = {"body": base64.b64encode(body if isinstance(body, bytes) else
-                                             str(body).encode()).decode(),
-                    "content-encoding": props.get("content_encoding"),
-                    "content-type": props.get("content_type"),
-                    "headers": props.get("application_headers") or {},
-                    "properties": {k: props[k] for k in _PROPERTIES if props.get(k) is not None}}
-        payload: str = dumps(envelope)  # type: ignore[no-untyped-call]  # as ``_parking``
-        browse.add_to_index(app.backend.client, key, f"{len(queue.encode())}:{queue}{payload}", due)
-    except Exception:
-        logger.warning("ojs-adapters: cannot note a parked retry in the console's index",
-                       exc_info=True)
 
 
 class CeleryRetryView(ParkedSetScan):
@@ -181,7 +154,7 @@ class CeleryRetryView(ParkedSetScan):
                 content_type=envelope.get("content-type"),
                 content_encoding=envelope.get("content-encoding"),
                 headers={**_due_now(headers), TOKEN_HEADER: new_token()}, retry=False,
-                **{k: properties[k] for k in _PROPERTIES if k in properties})
+                **{k: properties[k] for k in COPIED_PROPERTIES if k in properties})
         return True
 
     def _claim_for_operator(self, member: bytes, due: float) -> bool:

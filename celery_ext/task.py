@@ -43,8 +43,8 @@ from typing import Any, ClassVar, TypedDict
 from celery import Task
 
 from celery_ext._attempt import CONTEXT_ATTRIBUTE, RetryRequested, job_context, run_attempt
-from celery_ext._checks import warn_eager_once, warn_not_eager_once
 from celery_ext._eager import run_eager
+from celery_ext._eager_warnings import warn_eager_once, warn_not_eager_once
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._parking import install as install_parking
 from celery_ext._policy import reject_celery_retry_options, task_policy
@@ -90,7 +90,7 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
     - ``dead_letter_queue``: template of the dead-letter queue name
       (default ``app.conf.ojs_dead_letter_queue``, then ``{queue}.dead_letter``).
     - ``retry_budget``: the dependency whose retry budget this task's retries
-      draw on (R-7; ``celery_ext.budgets``), e.g. ``"payments-api"``.
+      draw on (R-7; ``celery_ext._budgets``), e.g. ``"payments-api"``.
 
     Inside the body (``bind=True``), ``self.ojs`` is the running attempt's
     ``JobContext``: ``attempt``, ``errors`` and the job's ``idempotency_key``

@@ -29,7 +29,7 @@ from dramatiq.common import xq_name
 from dramatiq.message import Message
 from pika.exceptions import ChannelClosedByBroker
 
-from dramatiq_ext.dlq import JobRecords, dead_letter_of, replay_message
+from dramatiq_ext._dlq_common import JobRecords, dead_letter_of, replay_message
 from ojs_adapters.runtime.dlq import (
     MANAGEMENT_OFF,
     AmqpAddress,

@@ -15,7 +15,7 @@ from typing import Any
 
 from dramatiq.message import Message
 
-from dramatiq_ext.dlq import JobRecords, dead_letter_of, replay_message
+from dramatiq_ext._dlq_common import JobRecords, dead_letter_of, replay_message
 from ojs_adapters.runtime.dlq import Coverage, DeadLetter, ReplayMark, glob_for
 
 #: Moves dead messages back to their queue, each only if it is still dead (so a

@@ -8,7 +8,7 @@ from typing import Any
 
 from dramatiq.common import q_name
 
-from dramatiq_ext.dlq import JobRecords, dead_letter_of, replay_message
+from dramatiq_ext._dlq_common import JobRecords, dead_letter_of, replay_message
 from ojs_adapters.runtime.dlq import Coverage, DeadLetter, ReplayMark
 
 #: One lock for every StubBroker: a registry of nothing but mutual exclusion.

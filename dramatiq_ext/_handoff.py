@@ -41,6 +41,7 @@ from dramatiq.broker import Broker
 from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.message import Message
 
+from dramatiq_ext._parked_index import index_parked
 from dramatiq_ext._parking import Parking
 from ojs_adapters.runtime.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
 
@@ -117,8 +118,6 @@ class Publisher:
                 self.parking.forget_levels()  # declared again on the next try
             raise
         if exchange:  # parked: AMQP cannot list the levels, so the console keeps an index
-            from dramatiq_ext._waiting import index_parked  # (it imports the middleware)
-
             index_parked(broker, message)
         broker.emit_after("enqueue", message, delay)
 

@@ -7,7 +7,7 @@
 - **Redis, delayed**: shorter retries in ``<ns>:<queue>.DQ``, which a worker fetches at
   once and holds until due: listed (``.DQ.msgs``), not actionable.
 - **RabbitMQ, parked**: in the delay levels' TTL queues, which AMQP can count but not
-  list or take from; so the worker that parks a retry also notes it (``index_parked``,
+  list or take from; so the worker that parks a retry also notes it (``_parked_index``,
   one round trip) in an *index* beside the job records (``<record prefix>:_ojs.parked``
   in their Redis, members as in the Redis set). *Retry now* publishes a copy (a fresh
   ``ojs_token``, no ``eta``) to the queue; the parked original, when due, finds its
@@ -20,22 +20,21 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import Any
 
 from dramatiq.common import dq_name, q_name
 from dramatiq.message import Message
 
 from dramatiq_ext._handoff import TOKEN_OPTION
+from dramatiq_ext._parked_index import Index, index_of, index_parked
 from dramatiq_ext._parking import PARKED_KEY
 from dramatiq_ext._state import MessageState
-from dramatiq_ext.middleware import OjsRetries
-from dramatiq_ext.stores import RedisRecordStore, claim
+from dramatiq_ext.stores import claim
 from ojs_adapters.history import JobRecord, iso_utc, utc_now
 from ojs_adapters.runtime import browse
 from ojs_adapters.runtime.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
@@ -44,7 +43,10 @@ from ojs_adapters.runtime.handoff import HEADER_NAMES, attempt_id
 from ojs_adapters.runtime.parked_scan import ParkedSetScan, memory_page
 from ojs_adapters.runtime.stats import StatsReader
 
-logger = logging.getLogger(__name__)
+# ``Index``, ``index_of`` and ``index_parked`` live in ``_parked_index`` (``_handoff`` notes
+# parked retries there); kept importable from here.
+__all__ = ["DISCARDED_BY_OPERATOR", "DISCARD_CLAIM", "DramatiqRetryView", "Index", "index_of",
+           "index_parked"]
 
 #: Record ``end_reason`` of a retry an operator discarded.
 DISCARDED_BY_OPERATOR = "discarded by an operator"
@@ -66,42 +68,6 @@ for i = 2, #ARGV, 4 do
 end
 return moved
 """
-
-
-class Index(NamedTuple):
-    """The RabbitMQ parked-retry index beside a record store: its Redis client, its key,
-    and the Redis key of an attempt's claim (``stores``)."""
-
-    client: Any
-    key: str
-    claim_key: Callable[[str], Any]
-
-
-def index_of(store: Any) -> Index | None:
-    """The index beside the records of ``store`` (``None``: they are not in Redis)."""
-    if isinstance(store, RedisRecordStore):
-        return Index(store.client, f"{store.prefix}:{PARKED_KEY}",
-                     lambda key: f"{store.prefix}:claim:{key}")
-    backend: Any = getattr(store, "backend", None)
-    if not hasattr(getattr(backend, "client", None), "zadd"):
-        return None
-    from dramatiq_ext._store_results import _RESULTS_QUEUE, _RecordKey  # as its store
-
-    return Index(backend.client, f"{backend.namespace}:ojs-record:{PARKED_KEY}", lambda key:
-                 backend.build_message_key(_RecordKey(_RESULTS_QUEUE, "ojs-claim", key)))
-
-
-def index_parked(broker: Any, message: Message[Any]) -> None:
-    """Note a ``message`` parked in the RabbitMQ delay levels in the index (one round
-    trip); a failure is logged, never raised: the retry is parked already."""
-    try:
-        ojs = next((m for m in broker.middleware if isinstance(m, OjsRetries)), None)
-        if ojs is not None and (index := index_of(ojs.store_for(broker))) is not None:
-            member = json.dumps([message.queue_name, "", message.encode().decode()])
-            browse.add_to_index(index.client, index.key, member,
-                                float(message.options["eta"]) / 1000)
-    except Exception:
-        logger.warning("Could not note a parked retry in the console's index.", exc_info=True)
 
 
 class DramatiqRetryView(ParkedSetScan):

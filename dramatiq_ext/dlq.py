@@ -29,36 +29,21 @@ retention (180 days) if that retention is to govern.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
 from types import ModuleType
-from typing import Any
 
 from dramatiq import broker as dramatiq_broker
 from dramatiq.broker import Broker
-from dramatiq.common import q_name
-from dramatiq.message import Message
 
-from dramatiq_ext._handoff import TOKEN_OPTION
-from dramatiq_ext._state import STATE_OPTION, MessageState
-from dramatiq_ext.middleware import OjsRetries
-from dramatiq_ext.stores import MemoryRecordStore, RecordStore, RedisRecordStore, default_store
-from ojs_adapters import JobRecord
-from ojs_adapters.runtime.dlq import (
-    DeadLetter,
-    DeadLetters,
-    DeadLetterStore,
-    ReplayMark,
-    last_error,
-    load_object,
-    replayed_record,
-)
-from ojs_adapters.runtime.handoff import HEADER_NAMES
+from dramatiq_ext._dlq_common import JobRecords, dead_letter_of, replay_message
+from dramatiq_ext._dlq_redis import RedisDeadLetters
+from dramatiq_ext._dlq_stub import StubDeadLetters
+from dramatiq_ext.stores import RecordStore, RedisRecordStore
+from ojs_adapters.runtime.dlq import DeadLetters, DeadLetterStore, load_object
 
-#: Options that belong to one hop through a broker (and the hand-off's: the last
-#: failure's ``x-ojs-*``, the copy's token), dropped from a replayed copy.
-_HOP_OPTIONS = frozenset({"eta", "redis_message_id", TOKEN_OPTION, *HEADER_NAMES})
+# The helpers the broker stores share live in ``_dlq_common``; kept importable from here.
+__all__ = ["JobRecords", "dead_letter_of", "dead_letter_queue", "open_dead_letter_queue",
+           "replay_message"]
 
 
 def dead_letter_queue(broker: Broker, *, queues: Sequence[str] = (),
@@ -77,15 +62,11 @@ def dead_letter_queue(broker: Broker, *, queues: Sequence[str] = (),
     records = JobRecords(broker, store)
     kind = type(broker).__name__
     if kind == "StubBroker":
-        from dramatiq_ext._dlq_stub import StubDeadLetters
-
         return DeadLetters(StubDeadLetters(broker, records, queues))
     if kind == "RedisBroker":
-        from dramatiq_ext._dlq_redis import RedisDeadLetters
-
         return DeadLetters(RedisDeadLetters(broker, records, queues))
     if kind == "RabbitmqBroker":
-        from dramatiq_ext._dlq_rabbitmq import RabbitmqDeadLetters
+        from dramatiq_ext._dlq_rabbitmq import RabbitmqDeadLetters  # pika: an optional extra
 
         return DeadLetters(RabbitmqDeadLetters(broker, records, queues, discover=discover,
                                                management=management))
@@ -161,69 +142,3 @@ class _Owning(DeadLetters):
     def close(self) -> None:
         super().close()
         self._broker.close()
-
-
-def dead_letter_of(message: Message[Any], *, key: str,
-                   at: datetime | None = None) -> DeadLetter:
-    """The ``DeadLetter`` a dead Dramatiq message stands for.
-
-    ``at`` is when the broker dead-lettered it; without it, when the last error
-    happened (the dead-letter decision), else when the job was first sent.
-    """
-    state = MessageState.of(message.options)
-    error_type, error_code = last_error(state.errors)
-    fallback = _fallback_time(message, state)
-    return DeadLetter(
-        id=message.message_id, queue=q_name(message.queue_name), task_type=message.actor_name,
-        error_type=error_type, error_code=error_code,
-        # max: RabbitMQ's x-death time has whole seconds only, the last error ms.
-        dead_lettered_at=max(at, fallback) if at else fallback, attempt=state.attempt,
-        history=state.errors, payload=message.asdict(), replay_count=state.replay_count,
-        last_replayed_at=state.last_replayed_at, key=key)
-
-
-def replay_message(message: Message[Any], mark: ReplayMark) -> Message[Any]:
-    """The copy of a dead message that a replay sends: attempt 1, history kept, mark set."""
-    state = MessageState.of(message.options)
-    fresh = MessageState(1, state.errors, replay_count=mark.replay_count,
-                         last_replayed_at=mark.replayed_at)
-    options = {k: v for k, v in message.options.items() if k not in _HOP_OPTIONS}
-    options[STATE_OPTION] = fresh.to_option()
-    return dataclasses.replace(message, queue_name=q_name(message.queue_name), options=options)
-
-
-class JobRecords:
-    """Stamps replays on job records, in the store the workers use.
-
-    That is ``store`` if given, else the broker's ``OjsRetries`` store, else the
-    default one for the broker. A worker that finds a job's record terminal at
-    the replayed attempt drops the copy as a duplicate, so a replay refuses to
-    run when the records are out of reach: process memory of a broker that
-    other processes consume (a RabbitMQ URL without ``Results``).
-    """
-
-    def __init__(self, broker: Broker, store: RecordStore | None = None) -> None:
-        ojs = next((m for m in broker.middleware if isinstance(m, OjsRetries)), None)
-        self.store: RecordStore = store or (ojs.store_for(broker) if ojs else
-                                            default_store(broker))
-        self.reachable = not isinstance(self.store, MemoryRecordStore) or \
-            type(broker).__name__ == "StubBroker"
-
-    def mark(self, letter: DeadLetter, mark: ReplayMark) -> None:
-        """Record that ``letter`` is being replayed (before it moves: see ``runtime.dlq``)."""
-        if not self.reachable:
-            raise RuntimeError(
-                "replay needs the workers' job records: open the dead letters with "
-                "--app module:broker (the workers' broker), or --option records=REDIS_URL "
-                "[--option records_prefix=P] for a RedisRecordStore")
-        data = self.store.load(letter.id)
-        record = JobRecord.from_dict(data) if data else JobRecord(
-            id=letter.id, type=letter.task_type, queue=letter.queue,
-            max_attempts=letter.attempt, attempt=letter.attempt, errors=letter.history)
-        self.store.save(letter.id, replayed_record(record, mark).to_dict())
-
-
-def _fallback_time(message: Message[Any], state: MessageState) -> datetime:
-    if state.errors and state.errors[-1].occurred_at:
-        return datetime.fromisoformat(state.errors[-1].occurred_at.replace("Z", "+00:00"))
-    return datetime.fromtimestamp(message.message_timestamp / 1000, timezone.utc)

@@ -16,11 +16,9 @@ from typing import Literal
 
 #: The backoff strategies of section 3.
 BackoffStrategy = Literal["none", "linear", "exponential", "polynomial"]
-STRATEGIES: tuple[BackoffStrategy, ...] = ("none", "linear", "exponential", "polynomial")
 
 #: How jitter is applied: OJS's multiplier (the default) or the two opt-in extensions.
 JitterMode = Literal["ojs", "full", "decorrelated"]
-JITTER_MODES: tuple[JitterMode, ...] = ("ojs", "full", "decorrelated")
 
 #: Lower and upper bound of the jitter multiplier, half-open (section 5.1).
 JITTER_LOW, JITTER_HIGH = 0.5, 1.5

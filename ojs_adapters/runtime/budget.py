@@ -42,13 +42,28 @@ def _allowed(executions: int, retries: int, share: float, minimum: int) -> bool:
     return retries < max(math.floor(executions * share), minimum)
 
 
+def _check_share(share: float) -> float:
+    """``share`` if it is a fraction of executions (within [0, 1]); else ``OjsValidationError``."""
+    if not 0.0 <= share <= 1.0:
+        raise OjsValidationError(f"share must be within [0, 1], got {share!r}",
+                                 code="INVALID_ARGS",
+                                 details={"field": "share", "value": repr(share),
+                                          "rule": "0 <= share <= 1"})
+    return share
+
+
 class LocalRetryBudget:
-    """An in-process retry budget; the fallback when no Redis is shared."""
+    """An in-process retry budget; the fallback when no Redis is shared.
+
+    >>> LocalRetryBudget("payments-api", share=1.5)
+    Traceback (most recent call last):
+    ...
+    ojs_adapters.errors.OjsValidationError: share must be within [0, 1], got 1.5
+    """
 
     def __init__(self, dependency: str, *, share: float = DEFAULT_SHARE,
                  minimum: int = DEFAULT_MINIMUM, window: float = WINDOW_SECONDS) -> None:
-        if not 0.0 <= share <= 1.0:
-            raise ValueError("share must be within [0, 1]")
+        _check_share(share)
         self.dependency, self.share, self.minimum, self.window = dependency, share, minimum, window
         self._executions: deque[float] = deque()
         self._retries: deque[float] = deque()
@@ -194,11 +209,7 @@ class RetryBudgets:
                  minimum: int = DEFAULT_MINIMUM, window: int = WINDOW_SECONDS,
                  overrides: Mapping[str, Mapping[str, Any]] | None = None,
                  prefix: str = "ojs:budget") -> None:
-        if not 0.0 <= share <= 1.0:
-            raise OjsValidationError(f"share must be within [0, 1], got {share!r}",
-                                     code="INVALID_ARGS",
-                                     details={"field": "share", "value": repr(share),
-                                              "rule": "0 <= share <= 1"})
+        _check_share(share)
         self.client, self.share, self.minimum, self.window = client, share, minimum, window
         self.overrides = {check_dependency(k, "overrides"): dict(v)
                           for k, v in (overrides or {}).items()}

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ojs_adapters.web._app import Console, create_app
+from ojs_adapters.web._app import create_app
+from ojs_adapters.web._console import Console
 from ojs_adapters.web._settings import ConsoleSettings, read_tokens
 
 

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from ojs_adapters.runtime.dlq import DeadLetterFilter
-from ojs_adapters.web._app import Console, _qs
+from ojs_adapters.web._console import Console, qs
 from ojs_adapters.web._pages import console_of, letter_filter
 from ojs_adapters.web._security import CSRF_COOKIE, SESSION_COOKIE, Forbidden, audit
 
@@ -56,7 +56,7 @@ def confirm(request: Request) -> Response:
                               action=action, verb=WAITING_ACTIONS[action], ids=ids,
                               count=len(ids), source=params.get("source", ""), fields={},
                               what="waiting retry",
-                              back=f"/waiting{_qs(source=params.get('source'))}")
+                              back=f"/waiting{qs(source=params.get('source'))}")
     if action not in LETTER_ACTIONS:
         return console.render(request, "error.html", 400, title="Bad request",
                               error="unknown action")
@@ -70,7 +70,7 @@ def confirm(request: Request) -> Response:
     return console.render(request, "confirm.html", title="Confirm", kind="letters",
                           action=action, verb=LETTER_ACTIONS[action], ids=ids, count=count,
                           source="", fields=fields, what="dead letter",
-                          back=f"/dead-letters{_qs(**fields)}")
+                          back=f"/dead-letters{qs(**fields)}")
 
 
 async def act_on_letters(request: Request) -> Response:
@@ -142,7 +142,7 @@ async def act_on_waiting(request: Request) -> Response:
 
 def _back(request: Request, path: str, **params: Any) -> Response:
     base = str(request.scope.get("root_path", "")).rstrip("/")
-    return RedirectResponse(f"{base}{path}{_qs(**params)}", status_code=303)
+    return RedirectResponse(f"{base}{path}{qs(**params)}", status_code=303)
 
 
 async def login(request: Request) -> Response:

@@ -1,37 +1,36 @@
 """The console application: one Starlette app over one framework's ``ConsoleBackend``.
 
-The backend is opened once, at the first request (so ``create_app`` is cheap and
-an app that cannot reach its broker still starts and says why), and used under one
-lock: kombu and pika connections are not thread-safe, and Starlette runs the sync
-views in a thread pool. Every response carries a strict Content-Security-Policy
-(scripts from the console's own ``/static`` only, no inline script, no eval), so
-even text that escaped escaping could not run.
+``create_app`` wires the pages (``_pages``) and actions (``_actions``) to one shared
+``Console`` (``_console``), which opens the backend at the first request. Every
+response carries a strict Content-Security-Policy (scripts from the console's own
+``/static`` only, no inline script, no eval), so even text that escaped escaping
+could not run.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from typing import Any
-from urllib.parse import urlencode
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
-import jinja2
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ojs_adapters.runtime.browse import ConsoleBackend, RetryView, open_console_backend
-from ojs_adapters.runtime.stats import StatsReader
+from ojs_adapters.runtime.browse import ConsoleBackend, open_console_backend
+from ojs_adapters.web import _actions, _pages
+from ojs_adapters.web._console import Console
 from ojs_adapters.web._security import CSRF_COOKIE, Guard
 from ojs_adapters.web._settings import ConsoleSettings
 
 logger = logging.getLogger("ojs_adapters.web")
+
+# ``Console`` lives in ``_console`` (the pages and actions use it); kept importable from here.
+__all__ = ["SECURITY_HEADERS", "Console", "create_app"]
 
 #: Sent with every response.
 SECURITY_HEADERS = {
@@ -43,85 +42,6 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
-
-
-class Console:
-    """The state one console app shares between requests."""
-
-    def __init__(self, settings: ConsoleSettings,
-                 opener: Callable[[], ConsoleBackend] | None = None) -> None:
-        self.settings = settings
-        self.guard = Guard(settings)
-        self._opener = opener or (lambda: open_console_backend(
-            settings.framework, app=settings.app, broker=settings.broker,
-            queues=settings.queues, options=settings.options))
-        self._backend: ConsoleBackend | None = None
-        self._retries: RetryView | None = None
-        self._stats: StatsReader | None = None
-        self.lock = threading.RLock()
-        self.templates = jinja2.Environment(
-            loader=jinja2.PackageLoader("ojs_adapters.web", "templates"), autoescape=True,
-            undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-
-    @contextmanager
-    def backend(self) -> Iterator[ConsoleBackend]:
-        """The backend, opened on first use, held under the lock."""
-        with self.lock:
-            if self._backend is None:
-                self._backend = self._opener()
-            yield self._backend
-
-    def retries(self) -> RetryView:
-        with self.backend() as backend:
-            if self._retries is None:
-                self._retries = backend.retry_view(self.stats())
-            return self._retries
-
-    def stats(self) -> StatsReader | None:
-        """The statistics reader: ``stats_url``, else the backend's Redis, else ``None``."""
-        if self._stats is None:
-            client = None
-            if self.settings.stats_url:
-                import redis
-
-                client = redis.Redis.from_url(self.settings.stats_url)
-            else:
-                with self.backend() as backend:
-                    client = backend.stats_client()
-            if client is not None:
-                self._stats = StatsReader(client, prefix=self.settings.stats_prefix)
-        return self._stats
-
-    def close(self) -> None:
-        with self.lock:
-            if self._backend is not None:
-                self._backend.close()
-            self._backend = None
-            self._retries = None
-
-    def render(self, request: Request, name: str, status_code: int = 200,
-               **context: Any) -> HTMLResponse:
-        """Render template ``name`` with what every page needs."""
-        base = str(request.scope.get("root_path", "")).rstrip("/")
-        nonce = request.cookies.get(CSRF_COOKIE) or request.state.csrf_nonce
-        who = self.guard.who(request) if self.settings.writable else None
-        page = self.templates.get_template(name).render(
-            request=request, base=base, settings=self.settings, who=who,
-            can_act=who is not None, writable=self.settings.writable,
-            csrf=self.guard.csrf_token(nonce), qs=_qs, path=request.url.path,
-            page_link=lambda n: _qs(**{**_kept(request), "page": n}), **context)
-        return HTMLResponse(page, status_code=status_code)
-
-
-def _qs(**params: Any) -> str:
-    """A query string of the non-empty ``params`` (``?a=1&b=x``), or ``""``."""
-    kept = {k: v for k, v in params.items() if v not in (None, "")}
-    return "?" + urlencode(kept, doseq=True) if kept else ""
-
-
-def _kept(request: Request) -> dict[str, Any]:
-    """The query parameters a pager link keeps (not the one-off ``notice``)."""
-    return {k: v for k, v in request.query_params.items() if k not in ("page", "notice", "n")}
 
 
 class _Protect(BaseHTTPMiddleware):
@@ -142,10 +62,13 @@ class _Protect(BaseHTTPMiddleware):
 
 def create_app(settings: ConsoleSettings, *,
                opener: Callable[[], ConsoleBackend] | None = None) -> Starlette:
-    """The console as an ASGI app; mount it anywhere (see ``ojs_adapters.web``)."""
-    from ojs_adapters.web import _actions, _pages
+    """The console as an ASGI app; mount it anywhere (see ``ojs_adapters.web``).
 
-    console = Console(settings, opener)
+    ``opener`` opens the backend (default: the one ``settings`` names).
+    """
+    console = Console(settings, opener or (lambda: open_console_backend(
+        settings.framework, app=settings.app, broker=settings.broker,
+        queues=settings.queues, options=settings.options)))
     routes = [
         Route("/", _pages.overview, name="overview"),
         Route("/waiting", _pages.waiting, name="waiting"),

@@ -19,7 +19,7 @@ from ojs_adapters.history import JobRecord, utc_now
 from ojs_adapters.runtime.browse import WaitingFilter
 from ojs_adapters.runtime.dlq import DeadLetterFilter
 from ojs_adapters.web import _overview
-from ojs_adapters.web._app import Console
+from ojs_adapters.web._console import Console
 
 logger = logging.getLogger("ojs_adapters.web")
 #: Rows per page.

@@ -33,13 +33,16 @@ from ojs_adapters.runtime.dlq._discovery import (
     originals,
 )
 from ojs_adapters.runtime.dlq._model import (
+    REPLAY_HEADER,
     DeadLetter,
     DeadLetterFilter,
     Page,
     ReplayMark,
     last_error,
+    replay_info,
     replayed_record,
 )
+from ojs_adapters.runtime.dlq._prune_hook import prune_hook
 from ojs_adapters.runtime.dlq._queue import (
     PAGE_SIZE,
     REPLAY_BATCH,
@@ -62,7 +65,6 @@ from ojs_adapters.runtime.dlq._retention import (
     DEFAULT_RETENTION,
     Retention,
     expired,
-    prune_hook,
 )
 
 __all__ = [
@@ -74,6 +76,7 @@ __all__ = [
     "MANAGEMENT_TIMEOUT",
     "PAGE_SIZE",
     "REPLAY_BATCH",
+    "REPLAY_HEADER",
     "AmqpAddress",
     "Coverage",
     "DeadLetter",
@@ -98,5 +101,6 @@ __all__ = [
     "open_dead_letter_queue",
     "originals",
     "prune_hook",
+    "replay_info",
     "replayed_record",
 ]

@@ -2,7 +2,8 @@
 
 All frozen, all framework-free: the Celery and Dramatiq adapters build ``DeadLetter``
 values from their brokers' dead-letter queues, and everything else (filtering,
-paging, retention, the CLI) works on these values only.
+paging, retention, the CLI) works on these values only. A replay mark travels in a
+replayed message (``REPLAY_HEADER``, read back by ``replay_info``).
 
 >>> letter = DeadLetter(id="m1", queue="emails", task_type="send", error_type="smtp.Down",
 ...                     dead_lettered_at=datetime(2026, 1, 2, tzinfo=timezone.utc), attempt=3)
@@ -14,6 +15,7 @@ True
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -21,6 +23,10 @@ from fnmatch import fnmatchcase
 from typing import Any, NamedTuple
 
 from ojs_adapters.history import ErrorEntry, JobRecord, iso_utc
+
+#: Message header carrying a replayed job's ``ReplayMark.to_dict()`` as JSON, on brokers
+#: whose messages have headers (Celery's; Dramatiq's mark rides in ``options["ojs"]``).
+REPLAY_HEADER = "ojs-replay"
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +159,20 @@ class ReplayMark:
 
     def to_dict(self) -> dict[str, Any]:
         return {"replay_count": self.replay_count, "last_replayed_at": self.replayed_at}
+
+
+def replay_info(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``{"replay_count", "last_replayed_at"}`` from a message's ``ojs-replay`` header, or ``{}``.
+
+    >>> replay_info({"ojs-replay": '{"replay_count": 2, "last_replayed_at": "x"}'})["replay_count"]
+    2
+    """
+    raw = (headers or {}).get(REPLAY_HEADER)
+    try:
+        data = json.loads(raw) if isinstance(raw, (str, bytes)) else dict(raw or {})
+    except (ValueError, TypeError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def replayed_record(record: JobRecord, mark: ReplayMark) -> JobRecord:

@@ -3,7 +3,7 @@
 Dead letters older than ``max_age`` go, then the oldest beyond ``max_count`` in
 each queue (the newest are kept). ``None`` switches a limit off. Pruning runs on
 demand (``DeadLetterQueue.prune``, ``ojs-retry dlq prune``) or from a scheduler
-through ``prune_hook``.
+through ``prune_hook`` (``_prune_hook``).
 
 >>> from datetime import datetime, timezone
 >>> def at(day): return datetime(2026, 1, day, tzinfo=timezone.utc)
@@ -16,25 +16,18 @@ through ``prune_hook``.
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from ojs_adapters.history import utc_now
 from ojs_adapters.runtime.dlq._model import DeadLetter
-
-if TYPE_CHECKING:
-    from ojs_adapters.runtime.dlq._queue import DeadLetterQueue
 
 #: Default longest time a dead letter is kept.
 DEFAULT_MAX_AGE = timedelta(days=180)
 #: Default most dead letters kept per queue.
 DEFAULT_MAX_COUNT = 10_000
-
-_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,31 +71,3 @@ def expired(letters: Iterable[DeadLetter], retention: Retention, *,
 
 def _age_order(letter: DeadLetter) -> tuple[datetime, str]:
     return (letter.dead_lettered_at, letter.id)
-
-
-def prune_hook(open_queue: Callable[[], DeadLetterQueue],
-               retention: Retention = DEFAULT_RETENTION) -> Callable[[], int]:
-    """A zero-argument function for a scheduler (cron, Celery beat, APScheduler) that prunes.
-
-    Each call opens the queue with ``open_queue``, prunes it by ``retention``,
-    closes it and returns how many dead letters it removed. Errors are logged and
-    re-raised so the scheduler sees them.
-
-    >>> hook = prune_hook(lambda: open_dead_letter_queue("dramatiq", broker=URL))  # doctest: +SKIP
-    >>> scheduler.add_job(hook, "interval", hours=1)  # doctest: +SKIP
-    """
-
-    def prune_dead_letters() -> int:
-        queue = open_queue()
-        try:
-            removed = queue.prune(retention)
-        except Exception:
-            _log.exception("Pruning dead letters failed.")
-            raise
-        finally:
-            queue.close()
-        _log.info("Pruned %d dead letters (max_age=%s, max_count=%s).", removed,
-                  retention.max_age, retention.max_count)
-        return removed
-
-    return prune_dead_letters

@@ -1,0 +1,115 @@
+"""The ojs-retry command's ``explain`` and ``migrate`` verbs through click's CliRunner (issue 6).
+
+``test_cli`` has the group, ``validate`` and ``schedule``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.core.cli_support import assert_ojs_error, run, write
+
+# -- explain ---------------------------------------------------------------------------
+
+POLICY_124 = {"max_attempts": 5, "initial_interval": "PT30S", "max_interval": "PT15M",
+              "non_retryable_errors": ["auth.*", "resource.not_found"],
+              "on_exhaustion": "dead_letter"}  # ojs-retry.md section 12.4
+
+
+def explain(tmp_path: Path, *args: str) -> dict[str, Any]:
+    result = run("explain", write(tmp_path, POLICY_124), "--json", *args)
+    assert result.exit_code == 0, result.output
+    out: dict[str, Any] = json.loads(result.output)
+    return out
+
+
+def test_explain_non_retryable_prefix_goes_to_dead_letter(tmp_path: Path) -> None:
+    out = explain(tmp_path, "--error", "auth.invalid_credentials", "--attempt", "1")
+    assert (out["action"], out["reason"], out["matched"]) == \
+        ("dead_letter", "non_retryable", "auth.*")
+    assert out["entry"]["code"] == "NON_RETRYABLE_ERROR"
+
+
+def test_explain_retry_shows_delay_and_band(tmp_path: Path) -> None:
+    out = explain(tmp_path, "--error", "external.crm.service_unavailable", "--attempt", "2")
+    assert (out["action"], out["next_attempt"], out["delay"]) == ("retry", 3, 60.0)
+    assert out["jitter_band"] == [30.0, 90.0]
+    assert any("retried as attempt 3" in line for line in out["explanation"])
+
+
+def test_explain_handler_code_and_exhaustion_and_worker_lost(tmp_path: Path) -> None:
+    assert explain(tmp_path, "--error", "x", "--code", "discard", "--attempt", "1")["action"] \
+        == "discard"
+    assert explain(tmp_path, "--error", "x", "--attempt", "5")["reason"] == "exhausted"
+    lost = explain(tmp_path, "--error", "auth.x", "--worker-lost", "--attempt", "1")
+    assert lost["action"] == "retry"  # section 9.2: a lost worker is always retryable
+
+
+def test_explain_base_class_names_match(tmp_path: Path) -> None:
+    policy = write(tmp_path, {"non_retryable_errors": ["myapp.PaymentError"]})
+    result = run("explain", policy, "--error", "myapp.CardStolen", "--base",
+                 "myapp.PaymentError", "--attempt", "1")
+    assert result.exit_code == 0 and "DISCARD" in result.output
+
+
+def test_explain_bad_attempt_is_an_ojs_error(tmp_path: Path) -> None:
+    result = run("explain", write(tmp_path, POLICY_124), "--error", "x", "--attempt", "0")
+    assert_ojs_error(result, "INVALID_ARGS", "attempt")
+
+
+# -- migrate ---------------------------------------------------------------------------
+
+
+def test_migrate_each_dialect_from_stdin() -> None:
+    cases = {"sidekiq": ("{retry: 0}", 1), "faktory": ('{"retry": -1}', 1),
+             "celery": ("max_retries: 2", 3), "dramatiq": ("max_retries: 1", 2),
+             "bullmq": ("attempts: 3", 3), "queue": ("MaxRetries: 3", 4),
+             "temporal": ("maximumAttempts: 4", 4)}
+    for dialect, (text, attempts) in cases.items():
+        result = run("migrate", "--from", dialect, "-", "--json", input=text)
+        assert result.exit_code == 0, (dialect, result.output)
+        [m] = json.loads(result.output)["migrations"]
+        assert m["policy"]["max_attempts"] == attempts
+
+
+def test_migrate_prints_policy_notes_and_fidelity(tmp_path: Path) -> None:
+    (tmp_path / "hard_job.rb").write_text("class HardJob\n  sidekiq_options retry: 5\nend\n")
+    result = run("migrate", "--from", "sidekiq", str(tmp_path), "--version", "7.3", "--rows")
+    assert result.exit_code == 0, result.output
+    assert '"max_attempts": 6' in result.output
+    assert "fidelity: worst ratio" in result.output
+    assert "approximate: retry:" in result.output
+    assert "Old delay" in result.output
+    assert "verdict: ok" in result.output  # the spec's mapping keeps the window (issue 16)
+
+
+def test_migrate_unbounded_celery_exits_3_and_is_not_capped() -> None:
+    result = run("migrate", "--from", "celery", "-", "--json", input="max_retries: null")
+    assert result.exit_code == 3
+    out = json.loads(result.output)
+    assert out["ok"] is False and out["migrations"][0]["policy"] is None
+    capped = run("migrate", "--from", "celery", "-", "--cap-unbounded", "9", "--json",
+                 input="max_retries: null")
+    assert capped.exit_code == 0
+    assert json.loads(capped.output)["migrations"][0]["policy"]["max_attempts"] == 9
+
+
+def test_migrate_ruby_from_stdin() -> None:
+    result = run("migrate", "--from", "sidekiq", "-", "--ruby", "--json",
+                 input="class A\n  sidekiq_options retry: false\nend\n")
+    [m] = json.loads(result.output)["migrations"]
+    assert (m["name"], m["policy"]["on_exhaustion"]) == ("A", "discard")
+
+
+def test_migrate_bad_input_exits_1_with_the_ojs_error() -> None:
+    result = run("migrate", "--from", "sidekiq", "-", input="retry: often")
+    assert_ojs_error(result, "INVALID_RETRY_POLICY", "retry")
+    assert "dialect: sidekiq" in result.stderr
+    empty = run("migrate", "--from", "sidekiq", "-", "--ruby", input="puts 1\n")
+    assert_ojs_error(empty, "INVALID_PAYLOAD", "-")
+    assert run("migrate", "--from", "resque", "-", input="{}").exit_code == 2
+    assert run("migrate", "--from", "celery", "--version", "5", "-", input="{}").exit_code == 2
+    assert run("migrate", "--from", "bullmq", "--cap-unbounded", "3", "-",
+               input="{}").exit_code == 2
