@@ -17,9 +17,11 @@ holds it for about a second (the rest of its ETA), and
 This module decides whether to park and wires the worker; where a message waits:
 
 - **RabbitMQ** (``_parking_rabbitmq``): the delay levels of kombu's native delayed
-  delivery, under our own names, routed back to the queue by a binding.
-- **Redis** (``_parking_redis``): a sorted set scored by due time, moved onto the
-  queue's list by a ``Mover`` in each worker's main process (``ParkingMover``).
+  delivery, under our own names, routed back to the queue by a binding, declared by
+  the shared ``ojs_adapters.runtime.delay_levels``.
+- **Redis** (``_parking_redis``): the shared parked set (``runtime.parked_set``), a
+  sorted set scored by due time, moved onto the queue's list by a ``Mover`` in each
+  worker's main process (``ParkingMover``).
 
 Anything else publishes the native retry as before: ``memory://``, a wait not
 over the threshold, a queue missing from the app's queue table or unfit for a

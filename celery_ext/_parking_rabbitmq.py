@@ -5,6 +5,9 @@ The binary delay topology of kombu's native delayed delivery
 queues), under our own names (``ojs_park_prefix``, default ``ojs``): 28 queues
 ``<prefix>_celery_delayed_<n>`` with a message TTL of 2**n s, each dead-lettering
 to the next level, and the topic exchange ``<prefix>_celery_delayed_delivery``.
+The shared ``ojs_adapters.runtime.delay_levels`` declares it (the names and queue
+arguments kombu's own declaration used, so levels declared before are the same ones)
+through ``_KombuLevels``.
 The retry is published (confirmed, mandatory) to level 27 with the routing key
 ``<28 bits of whole seconds>.<queue>``; it waits in each level whose bit is set,
 and the delivery exchange routes it to ``<queue>`` by the binding
@@ -21,31 +24,31 @@ the record and the next retry see the queue. ``x-death`` headers are never copie
 into a retry (``_headers``): RabbitMQ drops a message dead-lettered into a level
 its ``x-death`` shows it expired from before, as a cycle. AMQP cannot list the
 levels, so each parked retry is also noted in the console's index
-(``_waiting.index_parked``: one round trip to the Redis result backend, if that
-is the backend).
+(``_parked_index.index_parked``: one round trip to the Redis result backend, if
+that is the backend).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from kombu.transport.native_delayed_delivery import (
-    CELERY_DELAYED_DELIVERY_EXCHANGE,
-    MAX_LEVEL,
-    MAX_NUMBER_OF_BITS_TO_USE,
-    calculate_routing_key,
-    declare_native_delayed_delivery_exchanges_and_queues,
-    level_name,
-)
-
+from celery_ext._parked_index import index_parked
 from celery_ext._parking_channel import _Park
-from ojs_adapters.runtime.delay_levels import binding_key
+from ojs_adapters.runtime.delay_levels import (
+    BITS,
+    MAX_SECONDS,
+    RETRY_DECLARE,
+    TOP_LEVEL,
+    Declared,
+    DelayLevels,
+    binding_key,
+    declare,
+)
+from ojs_adapters.runtime.delay_levels import routing_key as delay_key
 
 logger = logging.getLogger("celery_ext")
 
@@ -53,11 +56,12 @@ logger = logging.getLogger("celery_ext")
 PREFIX_SETTING = "ojs_park_prefix"
 DEFAULT_PREFIX = "ojs"
 #: Longest park on RabbitMQ (28 bits of seconds); a longer countdown waits the rest natively.
-MAX_PARK = 2 ** MAX_NUMBER_OF_BITS_TO_USE - 1
+MAX_PARK = MAX_SECONDS
 #: A delay-level routing key: 28 bits, then the destination.
-_BITS = re.compile(rf"^(?:[01]\.){{{MAX_NUMBER_OF_BITS_TO_USE}}}")
-#: Seconds before a failed declaration of the RabbitMQ levels is tried again.
-RETRY_DECLARE = 60.0
+_BITS = re.compile(rf"^(?:[01]\.){{{BITS}}}")
+
+__all__ = ["DEFAULT_PREFIX", "MAX_PARK", "PREFIX_SETTING", "RETRY_DECLARE", "delivery_exchange",
+           "levels_of", "prefix_of", "restore_delivery_info"]
 
 
 def prefix_of(app: Any) -> str:
@@ -65,9 +69,14 @@ def prefix_of(app: Any) -> str:
     return str(app.conf.get(PREFIX_SETTING) or DEFAULT_PREFIX)
 
 
+def levels_of(prefix: str) -> DelayLevels:
+    """The delay levels of ``prefix``: ``<prefix>_celery_delayed_<n>``, as kombu names them."""
+    return DelayLevels(f"{prefix}_celery_delayed")
+
+
 def delivery_exchange(prefix: str) -> str:
     """The topic exchange the last delay level dead-letters to."""
-    return f"{prefix}_{CELERY_DELAYED_DELIVERY_EXCHANGE}"
+    return levels_of(prefix).delivery
 
 
 def restore_delivery_info(message: Any, app: Any) -> None:
@@ -77,7 +86,7 @@ def restore_delivery_info(message: Any, app: Any) -> None:
     if not isinstance(info, dict):
         return
     exchange, key = str(info.get("exchange") or ""), str(info.get("routing_key") or "")
-    if not exchange.startswith(f"{prefix_of(app)}_celery_delayed_"):
+    if not exchange.startswith(f"{levels_of(prefix_of(app)).base}_"):
         return
     bits = _BITS.match(key)
     if bits is not None and key[bits.end():]:
@@ -104,14 +113,12 @@ class _AmqpPark(_Park):
             # mandatory: a level deleted under us returns the message (an error) before
             # the confirm, instead of dropping it
             sent = channel.basic_publish(
-                message, exchange=level_name(MAX_LEVEL, self.prefix),
-                routing_key=calculate_routing_key(seconds, self.queue),
+                message, exchange=levels_of(self.prefix).level(TOP_LEVEL),
+                routing_key=delay_key(seconds, self.queue),
                 **{**kwargs, "mandatory": True})
         except Exception:
             _TOPOLOGY.forget(self.prefix)  # declared again on the next try (the hand-off's)
             raise
-        from celery_ext._waiting import index_parked  # (it imports ``_parking``, and so this)
-
         index_parked(self.app, message, self.queue, self.not_before)  # the console lists it
         return sent
 
@@ -120,9 +127,7 @@ class _Topology:
     """The RabbitMQ delay levels, declared once per process (and prefix, and broker)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._declared: set[tuple[int, str, str]] = set()
-        self._failed: dict[tuple[int, str, str], float] = {}
+        self._declared = Declared(RETRY_DECLARE)
 
     def ensure(self, app: Any, conn: Any) -> bool:
         """Declare the levels if this process has not; ``False`` if they are unavailable.
@@ -132,33 +137,51 @@ class _Topology:
         for ``RETRY_DECLARE`` s.
         """
         prefix = prefix_of(app)
-        key = (os.getpid(), prefix, conn.as_uri())
-        with self._lock:
-            if key in self._declared:
-                return True
-            if time.monotonic() - self._failed.get(key, -RETRY_DECLARE) < RETRY_DECLARE:
-                return False
-            queue_type = str(app.conf.get("broker_native_delayed_delivery_queue_type")
-                             or "quorum")
-            with app.connection_for_write() as fresh:
-                try:
-                    declare_native_delayed_delivery_exchanges_and_queues(
-                        fresh, queue_type, prefix)
-                except fresh.connection_errors:
-                    raise
-                except Exception as error:
-                    self._failed[key] = time.monotonic()
-                    logger.error("ojs-adapters: cannot declare the RabbitMQ delay levels "
-                                 "%s_celery_delayed_* (%s queues): %r; long retries wait "
-                                 "in the worker", prefix, queue_type, error)
-                    return False
-            self._declared.add(key)
-            return True
+        return self._declared.ensure((prefix, conn.as_uri()), lambda: _declare(app, prefix))
 
     def forget(self, prefix: str) -> None:
         """Declare the levels of ``prefix`` again on their next use."""
-        with self._lock:
-            self._declared = {k for k in self._declared if k[1] != prefix}
+        self._declared.forget(lambda key: isinstance(key, tuple) and key[0] == prefix)
+
+
+def _declare(app: Any, prefix: str) -> bool:
+    """Declare the levels of ``prefix`` on a fresh connection, with the queue type Celery's
+    ``broker_native_delayed_delivery_queue_type`` says (default ``quorum``)."""
+    queue_type = str(app.conf.get("broker_native_delayed_delivery_queue_type") or "quorum")
+    with app.connection_for_write() as fresh:
+        try:
+            declare(_KombuLevels(fresh.channel()), levels_of(prefix), queue_type=queue_type)
+        except fresh.connection_errors:
+            raise
+        except Exception as error:
+            logger.error("ojs-adapters: cannot declare the RabbitMQ delay levels "
+                         "%s_celery_delayed_* (%s queues): %r; long retries wait "
+                         "in the worker", prefix, queue_type, error)
+            return False
+    return True
+
+
+class _KombuLevels:
+    """A kombu channel as a ``delay_levels.LevelChannel``: the arguments kombu's entities
+    pass (py-amqp's defaults differ: ``auto_delete=True``)."""
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+
+    def exchange_declare(self, *, exchange: str, exchange_type: str, durable: bool) -> object:
+        return self.channel.exchange_declare(exchange=exchange, type=exchange_type,
+                                             durable=durable, auto_delete=False)
+
+    def queue_declare(self, *, queue: str, durable: bool, arguments: dict[str, object]) -> object:
+        return self.channel.queue_declare(queue=queue, durable=durable, exclusive=False,
+                                          auto_delete=False, arguments=arguments)
+
+    def queue_bind(self, *, queue: str, exchange: str, routing_key: str) -> object:
+        return self.channel.queue_bind(queue=queue, exchange=exchange, routing_key=routing_key)
+
+    def exchange_bind(self, *, destination: str, source: str, routing_key: str) -> object:
+        return self.channel.exchange_bind(destination=destination, source=source,
+                                          routing_key=routing_key)
 
 
 _TOPOLOGY = _Topology()

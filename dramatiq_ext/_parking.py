@@ -15,25 +15,24 @@ is due. The worker holds it for that remainder, and Dramatiq's own ``eta`` handl
 still guards "never before the delay". The decision and the record keep the exact
 countdown; parking only changes where the message waits.
 
-- **Redis**: the sorted set ``<namespace>:_ojs.parked``, one member per message
-  (JSON ``[queue, redis message id, message data]``) scored by its ``eta`` in
-  seconds. Each worker process runs a ``Mover`` from boot to shutdown: every
-  ``POLL_SECONDS`` one Lua script moves the entries due within ``LEAD`` (1) seconds
-  into ``<queue>.DQ`` exactly as Dramatiq's ``enqueue`` command does (``HSET`` the
-  data, ``RPUSH`` the id) and removes them from the set, atomically: nothing lost,
-  nothing moved twice by two workers, as durable as the Redis (use AOF). With no
-  worker running, parked retries wait in the set. Unlike ``RedisBroker.enqueue``'s
-  delays, a parked retry may wait longer than 7 days.
+- **Redis**: the parked set of ``ojs_adapters.runtime.parked_set``,
+  ``<namespace>:_ojs.parked``, one member per message (JSON ``[queue, redis message
+  id, message data]``) scored by its ``eta`` in seconds. Each worker process runs a
+  ``Mover`` from boot to shutdown, whose push step puts each due entry into
+  ``<queue>.DQ`` exactly as Dramatiq's ``enqueue`` command does (``HSET`` the data,
+  ``RPUSH`` the id); as durable as the Redis (use AOF). With no worker running,
+  parked retries wait in the set. Unlike ``RedisBroker.enqueue``'s delays, a parked
+  retry may wait longer than 7 days.
 - **RabbitMQ**: the binary delay levels of ``ojs_adapters.runtime.delay_levels`` named
   ``<prefix>_dramatiq_delayed_<n>`` (``park_prefix``, default ``ojs``): 28 quorum
   queues (at-least-once dead-lettering: a broker crash between two levels loses
-  nothing, and the attempt claim drops a doubled copy) declared once per process
-  and broker. ``<queue>.DQ`` is bound to the delivery exchange before each park,
+  nothing, and the attempt claim drops a doubled copy) declared with pika once per
+  process and broker. ``<queue>.DQ`` is bound to the delivery exchange before each park,
   and the message is published to the top level with the hand-off's publisher
   confirms, ``mandatory`` (a level deleted under us returns it: an error, tried
   again). One set of levels serves every queue and any delay up to 2**28 s. AMQP
   cannot list the levels, so ``_handoff`` also notes each parked retry in the console's
-  index (``_waiting.index_parked``: one round trip to the records' Redis, if they are there).
+  index (``_parked_index.index_parked``: one round trip to the records' Redis, if they are there).
 
 A wait not over the threshold, the stub broker, or RabbitMQ levels that cannot be
 declared (other arguments, a broker older than 3.10: logged, tried again after
@@ -44,9 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
-import time
 import uuid
 import weakref
 from typing import Any
@@ -55,48 +52,43 @@ from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.message import Message
 
 from ojs_adapters.errors import OjsValidationError
-from ojs_adapters.runtime._periodic import Periodic
+from ojs_adapters.runtime import parked_set
 from ojs_adapters.runtime.delay_levels import (
     MAX_SECONDS,
+    RETRY_DECLARE,
     TOP_LEVEL,
+    Declared,
     DelayLevels,
     binding_key,
+    declare,
     routable,
     routing_key,
 )
-from ojs_adapters.runtime.parking import DEFAULT_PARK_AFTER, LEAD, park_threshold
+from ojs_adapters.runtime.parked_set import BATCH, PARKED_KEY, PushStep
+from ojs_adapters.runtime.parking import DEFAULT_PARK_AFTER, park_threshold
+
+__all__ = ["BATCH", "DEFAULT_PREFIX", "PARKED_KEY", "POLL_SECONDS", "RETRY_DECLARE", "Mover",
+           "Parking", "parked_key"]
 
 logger = logging.getLogger(__name__)
 
 #: Default name prefix of the RabbitMQ delay levels.
 DEFAULT_PREFIX = "ojs"
-#: The Redis sorted set of parked messages, under the broker's namespace.
-PARKED_KEY = "_ojs.parked"
 #: Seconds between two rounds of a ``Mover``.
-POLL_SECONDS = 0.5
-#: Most entries one script run moves.
-BATCH = 500
-#: Seconds before a failed declaration of the RabbitMQ levels is tried again.
-RETRY_DECLARE = 60.0
+POLL_SECONDS = parked_set.POLL_SECONDS
 
-#: Moves the due entries of KEYS[1] (score <= ARGV[2], at most ARGV[3]) into their
-#: queues under namespace ARGV[1], as dispatch.lua's ``enqueue`` command does.
-_MOVE_DUE_LUA = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
-for _, member in ipairs(due) do
+#: Puts ``member`` into its queue under namespace ARGV[3], as dispatch.lua's ``enqueue``.
+_PUSH_LUA = """
   local entry = cjson.decode(member)
-  local queue = ARGV[1] .. ':' .. entry[1]
+  local queue = ARGV[3] .. ':' .. entry[1]
   redis.call('HSET', queue .. '.msgs', entry[2], entry[3])
   redis.call('RPUSH', queue, entry[2])
-  redis.call('ZREM', KEYS[1], member)
-end
-return #due
 """
 
 
 def parked_key(broker: Any) -> str:
     """The parked set of a ``RedisBroker``."""
-    return f"{broker.namespace}:{PARKED_KEY}"
+    return parked_set.key_under(f"{broker.namespace}:")
 
 
 class Parking:
@@ -118,8 +110,7 @@ class Parking:
                                          "rule": "non-empty string"})
         self.levels = DelayLevels(f"{prefix}_dramatiq_delayed")
         self._lock = threading.Lock()
-        self._declared: set[tuple[int, str]] = set()
-        self._failed: dict[tuple[int, str], float] = {}
+        self._declared = Declared(RETRY_DECLARE)
         self._movers: weakref.WeakKeyDictionary[Any, tuple[Mover, int]] = (
             weakref.WeakKeyDictionary())
 
@@ -139,7 +130,7 @@ class Parking:
                                options={"redis_message_id": redis_id, "eta": eta})
         broker.emit_before("enqueue", message, delay)
         member = json.dumps([message.queue_name, redis_id, message.encode().decode()])
-        broker.client.zadd(parked_key(broker), {member: eta / 1000})
+        parked_set.add(broker.client, parked_key(broker), member, eta / 1000)
         broker.emit_after("enqueue", message, delay)
 
     def start_mover(self, broker: Any) -> None:
@@ -177,8 +168,7 @@ class Parking:
 
     def forget_levels(self) -> None:
         """Declare the levels again on their next use (after a failed park)."""
-        with self._lock:
-            self._declared.clear()
+        self._declared.forget()
 
     def _declare(self, broker: Any, channel: Any) -> bool:
         """Declare the levels on ``channel``'s connection once per process and broker.
@@ -189,75 +179,28 @@ class Parking:
         """
         import pika.exceptions
 
-        key = (os.getpid(), str(getattr(broker, "parameters", "")))
-        with self._lock:
-            if key in self._declared:
-                return True
-            if time.monotonic() - self._failed.get(key, -RETRY_DECLARE) < RETRY_DECLARE:
-                return False
+        def declare_on_side_channel() -> bool:
             side = channel.connection.channel()  # a failed declare closes its channel
             try:
-                _declare_topology(side, self.levels)
+                declare(side, self.levels)
             except pika.exceptions.ChannelClosed as error:
-                self._failed[key] = time.monotonic()
                 logger.error("Cannot declare the RabbitMQ delay levels %s_*: %r; long retries "
                              "wait in the worker.", self.levels.base, error)
                 return False
             finally:
                 if side.is_open:
                     side.close()
-            self._declared.add(key)
             return True
 
-
-def _declare_topology(channel: Any, levels: DelayLevels) -> None:
-    """Declare the delay levels with pika: quorum queues, topic exchanges, bindings."""
-    topology = levels.topology()
-    for exchange in topology.exchanges:
-        channel.exchange_declare(exchange=exchange, exchange_type="topic", durable=True)
-    for queue in topology.queues:
-        channel.queue_declare(queue=queue.name, durable=True, arguments={
-            "x-queue-type": "quorum", "x-overflow": "reject-publish",
-            "x-message-ttl": queue.ttl_ms, "x-dead-letter-exchange": queue.dead_letter_exchange,
-            "x-dead-letter-strategy": "at-least-once"})
-    for binding in topology.queue_bindings:
-        channel.queue_bind(queue=binding.destination, exchange=binding.source,
-                           routing_key=binding.routing_key)
-    for binding in topology.exchange_bindings:
-        channel.exchange_bind(destination=binding.destination, source=binding.source,
-                              routing_key=binding.routing_key)
+        return self._declared.ensure(str(getattr(broker, "parameters", "")),
+                                     declare_on_side_channel)
 
 
-class Mover:
-    """Moves the due entries of a ``RedisBroker``'s parked set into their ``.DQ`` queues."""
+class Mover(parked_set.Mover):
+    """The parked set's ``Mover`` for a ``RedisBroker``: due entries go to their ``.DQ``."""
 
     def __init__(self, broker: Any, interval: float = POLL_SECONDS) -> None:
         self.broker = broker
-        self.interval = interval
-        self._script = broker.client.register_script(_MOVE_DUE_LUA)
-        self._runner = Periodic("ojs-dramatiq-park-mover", self._round, interval,
-                                logger=logger)
-
-    def move_due(self, now: float | None = None) -> int:
-        """Move every entry due by ``now + LEAD`` (default: the time now); how many moved."""
-        horizon = (time.time() if now is None else now) + max(LEAD, self.interval)
-        moved = 0
-        while True:
-            count = int(self._script(keys=[parked_key(self.broker)],
-                                     args=[self.broker.namespace, repr(horizon), BATCH]))
-            moved += count
-            if count < BATCH:
-                return moved
-
-    def start(self) -> None:
-        """Start moving, from a daemon thread."""
-        self._runner.start()
-
-    def stop(self) -> None:
-        """Stop moving."""
-        self._runner.stop()
-
-    def _round(self) -> None:
-        moved = self.move_due()
-        if moved:
-            logger.debug("Moved %d parked retries to their delay queues.", moved)
+        super().__init__(parked_key(broker), PushStep(_PUSH_LUA, (broker.namespace,)),
+                         lambda: broker.client, interval=interval,
+                         name="ojs-dramatiq-park-mover", logger=logger)
