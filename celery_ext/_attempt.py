@@ -187,7 +187,7 @@ class Delivery(AttemptSeat):
 
     def end(self, record: JobRecord, decision: Decision) -> NoReturn:
         """Store the terminal record (with the lease's release), report, and raise what
-        makes ``OjsRequest`` dead-letter or end the job (``_raise_terminal``)."""
+        makes ``OjsRequest`` dead-letter or end the job (``_inputs.raise_terminal``)."""
         self.save(record, last=True)
         self.report(decision)
         raise_terminal(self.task, record, self.exc)
@@ -224,7 +224,7 @@ class Delivery(AttemptSeat):
                          **error_headers(last, record.attempt + 1))
         if exc is None:  # a lost attempt: what Celery stores with the RETRY state
             lost = TimeLimitExceeded if last.code == "HANDLER_TIMEOUT" else WorkerLostError
-            exc = lost(last.message)
+            exc = self.exc = lost(last.message)  # the cause, should ``end`` follow instead
         try:
             sent = send_retry(self.task, exc, countdown=countdown, not_before=not_before,
                               queue=self.queue, max_retries=self.policy.max_retries,

@@ -20,8 +20,8 @@ attempt after attempt in the same call, and only the waiting is skipped:
 What is not done, there being no broker: no retry or dead letter is published (the
 record of a dead-lettered job has no ``handed_off`` mark, and ``<queue>.dead_letter``
 gets nothing); no lease, claim or redelivery check (nothing else delivers the job).
-The policy helpers are ``_attempt``'s own (the header's policy, the jitter source, the
-terminal exception, a handler's retry request), so the two paths cannot drift apart.
+The policy helpers are the worker's own (``_inputs``: the header's policy, the jitter
+source, the terminal exception, a handler's retry request), so the paths cannot drift apart.
 """
 
 from __future__ import annotations

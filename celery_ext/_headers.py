@@ -25,7 +25,7 @@ Hostile or malformed input (``from_headers`` never raises) is handled per field:
 - ``idempotency_key``: dropped unless a string of 1..64 characters (the worker
   then uses the task id, which is as stable);
 - ``policy``: dropped unless a JSON object (the task's policy then applies, and
-  ``_attempt`` also falls back to it when the override fails validation);
+  ``_inputs.header_policy`` also falls back to it when the override fails validation);
 - any other key: ignored.
 
 Dropped fields are named in ``ignored``, for the worker's log.

@@ -22,6 +22,7 @@ from dramatiq.middleware import TimeLimit
 from dramatiq_ext._handoff import TOKEN_OPTION
 from dramatiq_ext._state import MessageState
 from dramatiq_ext.stores import claim
+from ojs_adapters.errors import OjsBackendError
 from ojs_adapters.history import JobRecord
 from ojs_adapters.runtime.backend_retry import BackendRetry
 from ojs_adapters.runtime.claims import AdmissionReply
@@ -69,9 +70,18 @@ class DeliverySeat:
         return taken
 
     def load(self) -> JobRecord | None:
-        data = self.retry.call(lambda: self.store.load(self.message.message_id),
-                               operation="read job record")
-        return JobRecord.from_dict(data) if data else None
+        """The stored record; one that is there but unreadable counts as none, as on the
+        one-call path (``claims.record_of``): only a store out of reach makes admission wait."""
+        try:
+            data = self.retry.call(lambda: self.store.load(self.message.message_id),
+                                   operation="read job record")
+            return JobRecord.from_dict(data) if data else None
+        except OjsBackendError:
+            raise
+        except Exception:
+            self.logger.warning("%s: the job record is unreadable; taken as none", self.label,
+                                exc_info=True)
+            return None
 
     def claim(self) -> Claim:
         claimed: Claim = self.retry.call(

@@ -80,7 +80,7 @@ class RetriesSettings(Middleware):
         park_after: float | None = DEFAULT_PARK_AFTER,
         park_prefix: str = DEFAULT_PREFIX,
     ) -> None:
-        # the name users configure (the class lives here since issue 17)
+        # the logger name users configure: OjsRetries is defined in ``middleware``
         self.logger = logging.getLogger(f"dramatiq_ext.middleware.{type(self).__name__}")
         self.default_policy = policy_option(default_policy, base=RetryPolicy(),
                                             where="default_policy")

@@ -30,7 +30,8 @@ class Periodic:
         self.step = step
         self.interval = interval
         self.on_error = on_error
-        self.logger = logger or logging.getLogger(__name__)
+        # the logger name it had before the runtime split
+        self.logger = logger or logging.getLogger("ojs_adapters._periodic")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

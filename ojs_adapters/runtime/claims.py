@@ -4,7 +4,7 @@ Before an attempt runs, an adapter claims it (``<job id>:<attempt>``, first copy
 wins, so a successor published twice runs once), reads the job record (has this
 attempt run before?) and, for a new attempt, writes the record ``active``. On Redis
 these are one Lua script (``begin_on_redis``): one round trip instead of three on
-every attempt. The client is passed in: the core imports no Redis library.
+every attempt. The client is passed in: the runtime imports no Redis library.
 
 A claim value is ``<copy token>|<delivery nonce>``; ``claim_of`` says how a held
 value relates to this delivery's.

@@ -41,7 +41,7 @@ import threading
 import time
 from typing import Any
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("ojs_adapters.leases")  # its name before the runtime split
 
 #: How long a lease outlives its last renewal, in seconds: how long a redelivery after
 #: a crash waits before it counts the lost attempt.

@@ -234,3 +234,26 @@ def test_worker_threads_racing_for_the_store_share_one(monkeypatch: pytest.Monke
     for thread in threads:
         thread.join()
     assert len(stores) == 8 and all(store is stores[0] for store in stores)
+
+
+def test_an_unreadable_record_counts_as_none_not_as_a_store_outage(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stored record that cannot be decoded (a store without one-call admission) is taken
+    as no record, as the one-call path takes it: the job runs. A store out of reach, not a
+    bad record, is what makes admission wait and give the delivery back."""
+    from ojs_adapters.runtime import admission
+
+    monkeypatch.setattr(admission, "CLAIM_WAIT_SECONDS", 1.0)  # a wrong wait would show
+    store = MemoryRecordStore()
+    ojs = OjsRetries(store=store)
+    with make_env("stub", ojs=ojs) as env:
+        actor = env.actor(lambda: "done")
+        message = actor.send()
+        store.save(message.message_id, {"id": message.message_id,
+                                        "errors": [{"attempt": "not a number"}]})
+        env.start()
+        deadline = time.monotonic() + 10
+        while (store.load(message.message_id) or {}).get("state") != "completed":
+            assert time.monotonic() < deadline, "the job never ran"
+            time.sleep(0.02)
+    assert (store.load(message.message_id) or {}).get("attempt") == 1
