@@ -1,42 +1,12 @@
 """Publishing an OjsTask's successor (its retry, or its dead letter) before the ack.
 
-Celery acks an ``acks_late`` message after the task returns or raises
-``Retry``; the retry is published inside ``Task.retry``, before that. Two things
-make that publish safe here:
-
-- **Accepted, not just sent.** It goes through a producer whose connection has
-  ``confirm_publish`` on (``confirming_connection``): on RabbitMQ each publish
-  waits for the broker's ack; on Redis the ``LPUSH`` reply is the acceptance.
-  Kombu's own publish retries are off, so the retries are ours:
-  ``ojs_adapters.runtime.backend_retry`` (5 tries from 100 ms) on backend errors.
-- **Told apart.** Every copy carries a fresh token (header ``ojs-token``): if one
-  retry ends up on the broker twice (a confirm or the original's ack was lost,
-  and the original came back and published it again), the copy that claims the
-  attempt first runs it and the other is dropped (``records.RecordStore.claim``).
-
-The ``x-ojs-*`` headers of ojs-errors.md section 5.3 ride on every republished
-failed job as message headers (AMQP application headers; the message envelope's
-``headers`` on Redis).
-
-Windows that remain (Celery acks in the worker's main process, after the trace):
-
-- A worker killed between the accepted publish and the ack leaves both on the
-  broker: the original comes back and is dropped (record marked ``handed_off``),
-  or, if that mark was lost too, publishes again and the extra copy is dropped
-  at its claim. Nothing is lost or run twice; a message may be discarded.
-- While the broker refuses publishes, a requeued original comes straight back
-  and tries again (5 tries per delivery), until the broker accepts.
-- Claims are atomic on the Redis result backend only; with another backend two
-  copies of one retry that start at the same moment can both run.
-- A claim whose reply was lost counts the attempt as lost (``HANDLER_PANIC``).
-
-A successor that cannot be published for a reason other than the broker (kombu cannot
-encode it, a router raises) would fail the same way on every try: the job is
-dead-lettered instead, with a history entry naming why (``encoder_cause``,
-``Failure.unpublishable``), as
-``dramatiq_ext`` does. kombu's ``EncodeError`` derives from ``KombuError``, which
-``ojs_adapters.runtime.backend_retry`` reads as a broker error, so the publish wraps it in
-``Unpublishable`` first.
+Celery acks an ``acks_late`` message after the task returns or raises ``Retry``, so the
+successor is published first: through a connection with ``confirm_publish`` on
+(``confirming_connection``: accepted, not just sent), retried in place on broker errors
+(``with_retry``). Every copy carries a fresh token (header ``ojs-token``), so a retry
+published twice runs once: the copy that claims its attempt first. A successor that
+cannot be published for a reason other than the broker is ``Unpublishable``, and the job
+is dead-lettered instead. The windows that remain: docs/lifecycle.md.
 """
 
 from __future__ import annotations

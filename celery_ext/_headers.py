@@ -1,34 +1,12 @@
 """The OJS state a Celery message carries between attempts, in one header.
 
-Celery keeps nothing about a job between attempts except the message, so the
-attempt number, the error history and the countdowns travel in the message
-headers (header ``ojs``, a JSON text: exact floats and the same bytes on every
-transport). ``Task.retry(headers=...)`` replaces the headers wholesale, so a
-retry merges the new state into the request's own headers (``merged``).
-
-Hostile or malformed input (``from_headers`` never raises) is handled per field:
-
-- the header as a whole (not JSON, not an object, nested too deep, an int of
-  more than 4,300 digits) and ``attempt`` (not an int, a bool, < 1 or
-  > ``MAX_ATTEMPT``): the attempt count cannot be trusted, so guessing would
-  risk an endless loop or extra runs. ``invalid`` is set (an ``INVALID_PAYLOAD``
-  ``Failure``) and the worker dead-letters the job without running it; the
-  dead letter keeps the original headers (``_attempt``). No attempt is claimed
-  for it, so a redelivery (a lost ack) is dead-lettered a second time;
-- ``errors``: the ``MIN_HISTORY`` newest items only (Celery keeps no more),
-  items that are not readable entries dropped, strings cut
-  (``ojs_adapters.history.decode_entries``);
-- ``countdowns`` and ``jitter_samples`` (bookkeeping for the record): the
-  ``MAX_DECODED_ENTRIES`` newest, and the whole field dropped if any item is
-  not a finite number >= 0 (a sample: in [0, 1) or null);
-- ``not_before`` and ``first_attempt_at``: dropped unless a finite number;
-- ``idempotency_key``: dropped unless a string of 1..64 characters (the worker
-  then uses the task id, which is as stable);
-- ``policy``: dropped unless a JSON object (the task's policy then applies, and
-  ``_inputs.header_policy`` also falls back to it when the override fails validation);
-- any other key: ignored.
-
-Dropped fields are named in ``ignored``, for the worker's log.
+Celery keeps nothing about a job between attempts but the message, so the attempt, the
+error history and the countdowns travel in the header ``ojs`` (JSON text: exact floats,
+the same bytes on every transport). ``Task.retry(headers=...)`` replaces the headers
+wholesale, so a retry merges its state into the request's own (``merged``).
+``from_headers`` never raises: an attempt it cannot trust sets ``invalid`` (the job is
+dead-lettered unrun), and other bad fields are dropped and named in ``ignored``. The rules
+per field: docs/reliability.md.
 
 >>> state = HeaderState.from_headers({})
 >>> (state.attempt, state.errors, state.policy)
@@ -78,7 +56,7 @@ class HeaderState:
     before which this attempt must not start (RET-11); ``first_attempt_at``
     when attempt 1 started (for the ``max_duration`` extension);
     ``idempotency_key`` the job's key (R-6), set at first send. ``invalid`` and
-    ``ignored`` say what ``from_headers`` refused (see the module docstring); neither
+    ``ignored`` say what ``from_headers`` refused (the rules: docs/reliability.md); neither
     is encoded.
     """
 

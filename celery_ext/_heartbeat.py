@@ -1,54 +1,12 @@
 """The visibility heartbeat: an OjsTask delivery on Redis stays reserved while its worker lives.
 
-Kombu's Redis transport emulates acks: a delivered message waits in the
-``unacked`` hash, indexed by delivery time in the ``unacked_index`` sorted set,
-and every consumer's ``QoS.restore_visible`` sweep puts a message back on its
-queue once its score is older than ``visibility_timeout``, whether or not the
-worker holding it is alive. A job running longer than that, or a retry whose
-countdown a worker waits out in memory (an unacked ETA message), would be handed
-out a second time while its first holder still has it; the second delivery
-would count as a lost attempt and the job would run again.
-
-So the adapter heartbeats (ojs-retry.md section 9.3, RET-13): ``OjsRequest``,
-in the worker's main process (the one that holds the delivery and acks it),
-holds every OjsTask message it receives on a Redis channel (``hold``), from
-the moment it is received (prefetched, or waiting for its ETA) until it is
-acked, rejected or requeued, or its channel closes. One daemon thread per
-process sets the score of each held delivery tag to the current time every
-``visibility_timeout / 4`` seconds (at least once a minute), with ``ZADD ... XX``
-through the channel's own client (so kombu's ``global_keyprefix``) on the
-channel's own ``unacked_index_key``. ``XX`` only updates: a tag that was acked
-or restored meanwhile is never added back. The sweep's score check then never
-matches a held message.
-
-When the worker process dies (SIGKILL, OOM, power loss), the heartbeat dies
-with it: the score ages and kombu's restore hands the message out again after
-``visibility_timeout``, where the job record makes the redelivery count as the
-lost attempt it is (RET-12, ``_attempt``); a held retry whose attempt never
-started simply runs.
-
-Limits:
-
-- The heartbeat shows that the worker process is alive, not that the task is
-  making progress: a hung task body keeps its message reserved (as on
-  RabbitMQ); bound it with a time limit.
-- A heartbeat that cannot reach Redis for longer than ``visibility_timeout``
-  minus one interval (a Redis outage, a frozen or starved process: under the
-  eventlet/gevent pools the thread is green, and a task that blocks the hub
-  starves it) lets the message be restored and handed out again; the second
-  delivery is then counted as a lost attempt. Keep the timeout well above the
-  longest such pause (the timeout now only bounds how soon a dead worker's
-  messages come back).
-- The sweep and the worker compare wall clocks: skew between hosts larger than
-  that margin restores held messages, as it would without the heartbeat.
-- A closed channel (worker shutdown, a lost broker connection) ends the
-  heartbeat of its messages: kombu restores them as it closes the channel (a job
-  still running at that moment is handed out again). If Redis is unreachable
-  then (a restart), kombu would leave them for the timeout; the heartbeat notices
-  the closed channel within ``CLOSE_CHECK`` seconds and hands them back itself as
-  soon as Redis answers (``_orphans``, issue 8).
-- Only OjsTask messages are held; other tasks keep kombu's plain behaviour.
-- App setting ``ojs_visibility_heartbeat = False`` turns it off.
+Kombu's Redis transport hands an unacked message out again once its score in
+``unacked_index`` is older than ``visibility_timeout``, whether or not its worker is alive.
+``OjsRequest`` holds each OjsTask delivery on a Redis channel here from receipt to ack, and
+one daemon thread per process refreshes the held scores (``ZADD ... XX``) every
+``visibility_timeout / 4`` seconds, at least once a minute (ojs-retry.md 9.3, RET-13). When
+the process dies the heartbeat stops, and kombu hands the message out again as it would
+have. How it works and its limits: docs/long-waits.md.
 """
 
 from __future__ import annotations
@@ -219,7 +177,7 @@ HEARTBEAT = Heartbeat()
 
 def hold(message: Any, app: Any) -> bool:
     """Hold ``message`` (an OjsTask delivery) in the process heartbeat, unless ``app`` turned
-    it off (``ojs_visibility_heartbeat = False``); see the module docstring."""
+    it off (``ojs_visibility_heartbeat = False``); see docs/long-waits.md."""
     if not app.conf.get(HEARTBEAT_SETTING, True):
         return False
     try:

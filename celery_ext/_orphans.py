@@ -1,4 +1,4 @@
-"""Deliveries a Celery worker held when its Redis link broke go back to their queue (issue 8).
+"""Deliveries a Celery worker held when its Redis link broke go back to their queue.
 
 When the worker's connection to Redis breaks (a Redis restart), Celery forgets what
 its consumer held (retries waiting for their ETA, prefetched messages) and kombu

@@ -1,38 +1,13 @@
 """Parking: a long retry waits on the broker, not in a worker (RET-11, ojs-retry.md 9.1).
 
-A native Celery retry is an ETA message that a worker prefetches and holds,
-unacked, until it is due: the worker's memory grows with every waiting retry
-(about 17 KiB each), RabbitMQ closes the channel of a delivery held longer than
-``consumer_timeout`` (30 min by default), and on Redis only the visibility
-heartbeat keeps it from being handed out twice. So a retry that would wait
-more than ``ojs_park_after`` seconds when it is published (app setting,
-default 60; ``None`` turns parking off) is *parked*: the same message (body,
-headers, ETA, ``not_before``, priority) goes to a place on the broker where
-no consumer sees it until it is due, and then back to the queue its attempt
-was consumed from. The decision and the record keep the exact float
-countdown; parking only changes where the message waits. The worker then
-holds it for about a second (the rest of its ETA), and
-``_attempt.wait_for_countdown`` still guards "never before the delay" (RET-11).
-
-This module decides whether to park and wires the worker; where a message waits:
-
-- **RabbitMQ** (``_parking_rabbitmq``): the delay levels of kombu's native delayed
-  delivery, under our own names, routed back to the queue by a binding, declared by
-  the shared ``ojs_adapters.runtime.delay_levels``.
-- **Redis** (``_parking_redis``): the shared parked set (``runtime.parked_set``), a
-  sorted set scored by due time, moved onto the queue's list by a ``Mover`` in each
-  worker's main process (``ParkingMover``).
-
-Anything else publishes the native retry as before: ``memory://``, a wait not
-over the threshold, a queue missing from the app's queue table or unfit for a
-routing key, or RabbitMQ levels that cannot be declared (other arguments, a
-broker older than 3.10 without quorum-queue TTLs: logged, tried again after a
-minute). A parked retry comes back to the queue its attempt came from, not
-through the original exchange (a topic or fanout exchange is not applied
-again), and it queues like a new job: a backlog on that queue delays it. A
-level deleted while retries wait in it loses them (a park into a deleted level
-is an error, retried after declaring the levels again); a queue deleted and
-declared again loses its binding until the next park to it.
+A native Celery retry is an ETA message that a worker holds unacked until it is due:
+worker memory per waiting retry, a channel closed by RabbitMQ's ``consumer_timeout``. So
+a retry due in more than ``ojs_park_after`` seconds (60; ``None``: never) waits on the
+broker as the same message and comes back to the queue its attempt was consumed from
+about a second before it is due (``_attempt.wait_for_countdown`` still guards the rest).
+This module decides whether to park and wires the worker; the retry waits in
+``_parking_rabbitmq`` (delay levels) or ``_parking_redis`` (the parked set). Anything else
+publishes the native retry. Limits: docs/long-waits.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """Parking on RabbitMQ: the delay levels a long retry waits in (RET-11, see ``_parking``).
 
-The binary delay topology of kombu's native delayed delivery
-(``kombu.transport.native_delayed_delivery``, which Celery uses for quorum
-queues), under our own names (``ojs_park_prefix``, default ``ojs``): 28 queues
-``<prefix>_celery_delayed_<n>`` with a message TTL of 2**n s, each dead-lettering
-to the next level, and the topic exchange ``<prefix>_celery_delayed_delivery``.
-The shared ``ojs_adapters.runtime.delay_levels`` declares it (the names and queue
-arguments kombu's own declaration used, so levels declared before are the same ones)
-through ``_KombuLevels``.
-The retry is published (confirmed, mandatory) to level 27 with the routing key
-``<28 bits of whole seconds>.<queue>``; it waits in each level whose bit is set,
-and the delivery exchange routes it to ``<queue>`` by the binding
-``*.*.(28 words)...*.<queue>``, an exact match whatever the queue's exchange type
-(Celery's own variant needs topic exchanges). The levels are declared once per
-process, as ``broker_native_delayed_delivery_queue_type`` says (Celery's setting,
-default ``quorum``: at-least-once dead-lettering, so a broker crash between two
-levels loses nothing; the attempt claim drops a doubled copy); the binding before
-every park. One fixed set of queues serves every queue of the vhost and any delay
-up to 2**28 s (a longer one waits the rest in the worker). An arriving retry names
-a delay exchange and the bit-prefixed key: ``restore_delivery_info``
-(``OjsRequest``) makes it an anonymous delivery to ``<queue>`` again, so routing,
-the record and the next retry see the queue. ``x-death`` headers are never copied
-into a retry (``_headers``): RabbitMQ drops a message dead-lettered into a level
-its ``x-death`` shows it expired from before, as a cycle. AMQP cannot list the
-levels, so each parked retry is also noted in the console's index
-(``_parked_index.index_parked``: one round trip to the Redis result backend, if
-that is the backend).
+The binary delay layout of kombu's native delayed delivery, under our own names
+(``ojs_park_prefix``): 28 queues ``<prefix>_celery_delayed_<n>`` and the exchange
+``<prefix>_celery_delayed_delivery``, declared once per process by the shared
+``ojs_adapters.runtime.delay_levels``. A retry is published (confirmed, mandatory) to the
+top level and routed back to ``<queue>`` by an exact binding, whatever the queue's
+exchange type; ``restore_delivery_info`` makes it a delivery to that queue again.
+Details: docs/long-waits.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """``OjsRequest``: the worker main process's side of an ``OjsTask`` delivery.
 
-Four things happen where only the main process can act:
-
-- **Dead letter.** The task body ends with ``JobDeadLettered``; here the
-  original message is published to the dead-letter queue (``_deadletter``)
-  and acked only after that succeeded. If the broker does not take it the message
-  is requeued; its redelivery sees the terminal record and raises again, so the
-  publish is retried and nothing is dropped (RET-17). If it fails for a reason
-  other than the broker (every try would fail alike), the original goes to the
-  dead-letter queue as it came, without the added headers (the job record keeps
-  the history), as ``dramatiq_ext`` fails the original into ``.XQ``.
-- **Hard time limit.** The pool kills the process; Celery would store
-  FAILURE and ack (``Request.on_failure`` then ``on_timeout``). Instead the
-  job record is marked ("attempt N hit the hard limit") and the message is
-  requeued: its redelivery records a ``HANDLER_TIMEOUT`` entry and follows the
-  decision like any lost attempt (``_attempt``). If the pool process had
-  already died when the limit fired (the pool notices a death late, sometimes
-  after the limit), the attempt was lost to a crash, not a timeout: the
-  record is left unmarked and the redelivery records ``HANDLER_PANIC``.
-
-- **Visibility heartbeat.** On Redis, every delivery is held in the
-  heartbeat (``_heartbeat``) from its receipt to its ack, so a long job or a
-  retry waiting for its countdown is not handed out again (RET-13).
-- **Parked retries.** A retry back from the RabbitMQ delay levels is made an
-  anonymous delivery to its queue again before Celery reads it
-  (``_parking.restore_delivery_info``).
-
-A lost worker process needs nothing here: ``reject_on_worker_lost`` requeues
-it and the redelivery is detected from the record.
+What only the main process can do: publish a dead letter before the ack (``_deadletter``;
+if the broker refuses it, the message is requeued and its redelivery tries again, RET-17);
+requeue a delivery that hit its hard time limit, marked in the record so that the
+redelivery records ``HANDLER_TIMEOUT``; hold each delivery in the Redis visibility
+heartbeat (``_heartbeat``, RET-13); and make a retry back from the RabbitMQ delay levels a
+delivery to its queue again. Why: docs/lifecycle.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,12 @@
 """``OjsTask``: a Celery task base class that follows the OJS retry policy.
 
-Use it as a base and change nothing else::
-
-    @app.task(base=OjsTask, retry_policy={"max_attempts": 5, "on_exhaustion": "dead_letter"})
-    def charge(order_id): ...
-
-    class Charge(OjsTask):              # or subclass it
-        retry_policy = {"max_attempts": 5}
-
-    app.conf.ojs_default_retry_policy = {"max_attempts": 4}      # app-wide default
-    charge.apply_async((42,), retry_policy={"max_attempts": 2})  # per call, in the headers
-
-Every exception from the task body goes through ``ojs_adapters.decide``
-(``_attempt``). What the class sets, and why:
-
-- ``acks_late = True`` and ``reject_on_worker_lost = True``: a crashed attempt
-  is redelivered, so it can be counted (RET-12). ``retry_on_worker_lost`` stays
-  off: Celery would retry with its own delay.
-- ``max_retries = None``: each retry passes the policy's own limit.
-- ``Request = OjsRequest``: hard time limits and dead letters are handled in
-  the worker's main process (``_request``).
-- ``throws = (JobDiscarded,)``: a policy-ended job is logged without a traceback.
-
-Celery's ``autoretry_for``, ``retry_backoff``, ``max_retries``,
-``default_retry_delay`` and ``retry_jitter`` are rejected (``_policy``).
-Celery's ``apply_async`` already has a ``retry_policy`` argument (kombu's
-*publish* retry policy): a dict of only its keys (``max_retries``,
-``interval_start``, ...) keeps that meaning; ``publish_retry_policy=`` says so
-explicitly. In eager mode (``task_always_eager``, ``apply()``) the body runs
-once, plainly (eager retries ignore countdowns), and the first eager call of
-each task logs a warning saying so; inside ``ojs_adapters.testing.instant_retries()``
-it runs every attempt the policy allows, in place and without waiting (``_eager``).
+Use it as a base (``@app.task(base=OjsTask, retry_policy={...})``, or
+``Celery(..., task_cls=OjsTask)``) and change nothing else. Every exception from the body
+goes through ``ojs_adapters.decide`` (``_attempt``); the class sets Celery's options so
+that a lost attempt is counted and the worker's main process handles dead letters and
+hard time limits (``_request``). Celery's own retry options are refused (``_policy``);
+eager runs are plain unless inside ``instant_retries()`` (``_eager``). The guide:
+docs/getting-started/celery-redis.md.
 """
 
 from __future__ import annotations
@@ -112,12 +88,12 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
     dead_letter_queue: ClassVar[str | None] = None
     retry_budget: ClassVar[str | None] = None
 
-    acks_late = True
+    acks_late = True  # with reject_on_worker_lost: a crashed attempt comes back, to be counted
     reject_on_worker_lost = True
-    retry_on_worker_lost = False
-    max_retries = None
-    throws = (JobDiscarded,)
-    Request = "celery_ext._request:OjsRequest"
+    retry_on_worker_lost = False  # Celery would retry with its own delay
+    max_retries = None  # each retry passes the policy's own limit
+    throws = (JobDiscarded,)  # a job the policy ended is logged without a traceback
+    Request = "celery_ext._request:OjsRequest"  # dead letters and hard limits: main process
 
     #: Celery's own tasks (``celery.chord_unlock``, ...) made from OjsTask by
     #: ``Celery(task_cls=OjsTask)``: they keep every native behaviour.

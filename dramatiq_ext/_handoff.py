@@ -1,32 +1,11 @@
 """Publishing a message's successor (its retry, or its dead-letter hop) before the ack.
 
-``OjsRetries`` decides in ``after_process_message``; Dramatiq acks (or nacks) the
-original afterwards, in ``post_process_message``. The successor is published here,
-in between, and must be *accepted* first:
-
-- **RabbitMQ**: a channel of our own per thread with publisher confirms, and the
-  ``x-ojs-*`` headers (ojs-errors.md section 5.3) as AMQP message headers; the
-  delay and ``.DQ`` routing are Dramatiq's (``eta`` option, ``dq_name``), and the
-  broker's ``enqueue`` hooks run as for ``broker.enqueue``. Dramatiq's own
-  ``enqueue`` can set neither headers nor confirms (unless ``confirm_delivery``).
-  A long retry goes to the delay levels instead of ``.DQ`` (``_parking``).
-- **Redis and the stub broker**: ``broker.enqueue``; a returned Redis write is the
-  acceptance. The ``x-ojs-*`` names ride as message options (the Redis broker has
-  no headers), as they also do on RabbitMQ.
-
-Every copy carries a fresh token (option ``ojs_token``): two copies of one attempt
-(published twice because a confirm or an ack was lost) differ by it, so the
-duplicate is told from a broker redelivery of the same copy (``stores`` claims).
-Each publish is tried in place (``ojs_adapters.runtime.backend_retry``); if it still fails
-the caller holds the ack (``middleware``). A delivery given back to the broker unrun
-(``middleware``: its store is out of reach, or another delivery of its attempt is alive)
-is published again as the *same* copy (``keep_token``): to the claims it is a broker
-redelivery of that copy, never a second copy that could find the attempt "other".
-
-A successor that cannot be published for a reason other than the broker (it cannot be
-encoded, a middleware's ``before_enqueue`` refuses it) would fail alike on every try:
-the job is dead-lettered instead, with a history entry naming why (``Failure.unpublishable``),
-as ``celery_ext`` does.
+``OjsRetries`` decides in ``after_process_message`` and Dramatiq acks afterwards, so the
+successor is published in between and must be accepted first: on RabbitMQ through a
+confirming channel of our own per thread, with the ``x-ojs-*`` headers (Dramatiq's
+``enqueue`` sets neither); elsewhere through ``broker.enqueue``. Every copy carries a
+fresh token (option ``ojs_token``), so a duplicate is told from a redelivery; a delivery
+given back unrun keeps its token (``keep_token``). Why: docs/lifecycle.md.
 """
 
 from __future__ import annotations

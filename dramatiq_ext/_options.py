@@ -1,38 +1,12 @@
 """Where a message's retry policy comes from, and what Dramatiq's own retry options become.
 
-Three layers, each a partial policy merged over the one below (RET-10): the
-message option ``retry_policy`` (``actor.send_with_options(retry_policy=...)``)
-over the actor option ``retry_policy`` over the middleware's ``default_policy``.
-
-Dramatiq's ``Retries`` options on an actor are translated, never obeyed beside
-the policy (one retry engine only), and keep their native outcome (DESIGN.md
-"Native parity"):
-
-- ``max_retries=n`` becomes ``max_attempts = n + 1`` (Dramatiq counts retries,
-  OJS counts attempts); giving both ``max_retries`` and ``max_attempts`` is an error;
-- ``min_backoff`` / ``max_backoff`` (milliseconds) become ``initial_interval`` /
-  ``max_interval``; the OJS exponential strategy, coefficient 2, is Dramatiq's growth;
-- ``throws=(SomeError, ...)`` adds those classes to ``non_retryable_errors``, so they
-  end the job at once as ``on_exhaustion`` says;
-- any of them makes ``on_exhaustion`` ``"dead_letter"``: native Dramatiq calls
-  ``message.fail()`` on an exhausted message and on a ``throws`` error alike, and the
-  broker puts it on ``<queue>.XQ``.
-  An ``on_exhaustion`` given in the actor's ``retry_policy`` or in a ``default_policy``
-  mapping wins; when it is not ``"dead_letter"``, ``native_conflict`` says so (the
-  middleware logs it once, as the actor is declared). A message's own ``retry_policy``
-  is merged over all this, as always.
-
-An actor with none of these options gets the OJS defaults (3 attempts, then
-``discard``), not Dramatiq's (20 retries, then ``.XQ``): adding ``OjsRetries``
-chooses the OJS policy, and only an option the actor states carries a native meaning.
-
-``retry_when`` (a predicate) and ``on_retry_exhausted`` have no OJS equivalent and
-are rejected, as are all of these options on a single message.
-
-Errors are ``InvalidRetryPolicy``: an ``OjsValidationError`` that is also a
-Dramatiq ``MiddlewareError``, because ``Broker.emit_before`` logs and swallows
-every other exception a hook raises; this one reaches the caller of
-``@dramatiq.actor`` or ``send_with_options``.
+Three partial policies merge (RET-10): the message option ``retry_policy`` over the actor
+option ``retry_policy`` over the middleware's ``default_policy``. Dramatiq's ``Retries``
+options on an actor (``max_retries``, ``min_backoff``, ``max_backoff``, ``throws``) are
+translated into the policy and keep their native outcome; ``retry_when`` and
+``on_retry_exhausted`` are refused. The rules: docs/getting-started/dramatiq-redis.md.
+Errors are ``InvalidRetryPolicy``, also a Dramatiq ``MiddlewareError``: ``emit_before``
+logs and swallows any other exception a hook raises, and this one must reach the caller.
 """
 
 from __future__ import annotations

@@ -1,42 +1,13 @@
-"""Parking: a long Dramatiq retry waits on the broker, not in a worker (RET-11, issue 8).
+"""Parking: a long Dramatiq retry waits on the broker, not in a worker (RET-11).
 
-Dramatiq sends a delayed message to ``<queue>.DQ`` with an ``eta`` option. A worker
-fetches it at once and holds it, unacked, in an in-memory delay queue until it is
-due (up to its delay prefetch: 1,000 per worker thread), then enqueues it on
-``<queue>`` and acks. A long retry therefore costs worker memory, and on RabbitMQ a
-delivery held longer than ``consumer_timeout`` (30 min by default) closes its
-channel, and every message unacked on it comes back.
-
-So a retry that must wait more than ``park_after`` seconds (``OjsRetries(park_after=)``,
-default 60; ``None`` turns parking off) is *parked*: the very message ``enqueue``
-would put on ``<queue>.DQ`` (same body, options and ``eta``) waits on the broker,
-where no consumer sees it, and reaches ``<queue>.DQ`` less than a second before it
-is due. The worker holds it for that remainder, and Dramatiq's own ``eta`` handling
-still guards "never before the delay". The decision and the record keep the exact
-countdown; parking only changes where the message waits.
-
-- **Redis**: the parked set of ``ojs_adapters.runtime.parked_set``,
-  ``<namespace>:_ojs.parked``, one member per message (JSON ``[queue, redis message
-  id, message data]``) scored by its ``eta`` in seconds. Each worker process runs a
-  ``Mover`` from boot to shutdown, whose push step puts each due entry into
-  ``<queue>.DQ`` exactly as Dramatiq's ``enqueue`` command does (``HSET`` the data,
-  ``RPUSH`` the id); as durable as the Redis (use AOF). With no worker running,
-  parked retries wait in the set. Unlike ``RedisBroker.enqueue``'s delays, a parked
-  retry may wait longer than 7 days.
-- **RabbitMQ**: the binary delay levels of ``ojs_adapters.runtime.delay_levels`` named
-  ``<prefix>_dramatiq_delayed_<n>`` (``park_prefix``, default ``ojs``): 28 quorum
-  queues (at-least-once dead-lettering: a broker crash between two levels loses
-  nothing, and the attempt claim drops a doubled copy) declared with pika once per
-  process and broker. ``<queue>.DQ`` is bound to the delivery exchange before each park,
-  and the message is published to the top level with the hand-off's publisher
-  confirms, ``mandatory`` (a level deleted under us returns it: an error, tried
-  again). One set of levels serves every queue and any delay up to 2**28 s. AMQP
-  cannot list the levels, so ``_handoff`` also notes each parked retry in the console's
-  index (``_parked_index.index_parked``: one round trip to the records' Redis, if they are there).
-
-A wait not over the threshold, the stub broker, or RabbitMQ levels that cannot be
-declared (other arguments, a broker older than 3.10: logged, tried again after
-``RETRY_DECLARE`` s) leave the retry to Dramatiq's own delay queue.
+Dramatiq holds a delayed message unacked in a worker's memory until it is due, and on
+RabbitMQ a delivery held past ``consumer_timeout`` closes its channel. So a retry due in
+more than ``park_after`` seconds (60; ``None``: never) waits on the broker instead, as the
+very message ``enqueue`` would put on ``<queue>.DQ``, and reaches ``<queue>.DQ`` less than
+a second before it is due: on Redis in the parked set (``runtime.parked_set``, moved by a
+``Mover`` in each worker process), on RabbitMQ in the delay levels
+(``runtime.delay_levels``). Anything else leaves the retry to Dramatiq's own delay queue.
+Details and limits: docs/long-waits.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""RabbitMQ: an ack is sent only on the channel its message came from (issue 11).
+"""RabbitMQ: an ack is sent only on the channel its message came from.
 
 An AMQP ack names a message by its delivery tag, a number that counts the
 deliveries of *one channel* from 1. When a Dramatiq consumer's connection drops,

@@ -1,4 +1,4 @@
-"""Retries a Dramatiq worker held on Redis come back after its link to Redis broke (issue 8).
+"""Retries a Dramatiq worker held on Redis come back after its link to Redis broke.
 
 A Dramatiq worker keeps the delayed messages it fetched from ``<queue>.DQ`` (our
 retries, waiting for their ``eta``) in an in-memory delay queue; their ids sit in

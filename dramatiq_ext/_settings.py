@@ -161,13 +161,13 @@ class RetriesSettings(Middleware):
 
     def before_worker_boot(self, broker: Broker, worker: Any) -> None:
         self._take_retries_slot(broker)
-        recover_delays(broker)  # Redis: held retries come back after a lost link (issue 8)
-        guard_acks(broker)  # RabbitMQ: no late ack lands on another message (issue 11)
-        check_store(broker, self.store_for(broker), self.logger)  # records per process? (#16)
+        recover_delays(broker)  # Redis: retries held in memory come back after a lost link
+        guard_acks(broker)  # RabbitMQ: a late ack on a new channel would ack another message
+        check_store(broker, self.store_for(broker), self.logger)  # warns of per-process records
 
     def after_worker_boot(self, broker: Broker, worker: Any) -> None:
-        # Parked retries reach .DQ when due (issue 8); with parking off too, so that
-        # retries parked before it was turned off are not stranded.
+        # The mover takes parked retries to .DQ when they are due; it runs with parking off
+        # too, so that retries parked before it was turned off are not stranded.
         if is_redis(broker):
             self.parking.start_mover(broker)
 

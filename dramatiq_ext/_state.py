@@ -1,34 +1,12 @@
 """What a message carries between attempts: ``message.options["ojs"]``.
 
-``{"attempt": 2, "errors": [<entry>, ...]}`` where ``attempt`` is the attempt this
-delivery runs as (absent on the first send: attempt 1) and ``errors`` the newest
-history entries (``ErrorEntry.to_dict``), so a retried or dead-lettered message
-holds its own history even without a record store. ``"dead_letter": true``
-marks the hop that carries a dead-lettered job to the ``.XQ`` queue (see
-``middleware``). A job sent again from the dead-letter queue also carries
-``"replay_count"`` and ``"last_replayed_at"`` (``ojs_adapters.runtime.dlq``), kept on
-every later hop. A retry carries its record's ``"countdowns"`` and ``"delays_ms"``, so
-the admission call can write the next attempt's whole ``active`` record.
-
-Hostile or malformed input (``MessageState.of`` never raises) is handled per field:
-
-- ``options["ojs"]`` present but not an object, and ``attempt`` (not an int, a
-  bool, < 1 or > ``MAX_ATTEMPT``): the attempt count cannot be trusted, and
-  guessing (say, attempt 1) could loop for ever if every hop mangles it. ``invalid``
-  is set (an ``INVALID_PAYLOAD`` ``Failure``) and the middleware dead-letters the
-  message without running it; the entry's ``details`` keep a short repr of the value;
-- ``errors``: the ``MAX_DECODED_ENTRIES`` (1,000) newest items only, items that
-  are not readable entries dropped, strings cut (``history.decode_entries``);
-  ``history_limit`` then trims on the next failure;
-- ``first_attempt_at`` (POSIX seconds, for ``max_duration``) and ``previous_delay``
-  (seconds, for decorrelated jitter): dropped unless a finite number >= 0;
-- ``dead_letter``: only ``true`` counts; ``replay_count``: only an int > 0;
-  ``last_replayed_at``: only a string, cut to 64 characters; ``countdowns`` and
-  ``delays_ms``: only lists of numbers >= 0 (ints for ``delays_ms``), else not carried
-  (the record is then read and saved as before); any other key: ignored.
-
-The message's own ``retry_policy`` option is not read here: an invalid one is
-ignored (logged) and the actor's policy applies (``middleware``).
+``{"attempt": 2, "errors": [<entry>, ...]}``, and when set ``dead_letter`` (the hop to
+``.XQ``), ``replay_count`` and ``last_replayed_at`` (a replayed dead letter),
+``first_attempt_at``, ``previous_delay``, and the record's ``countdowns`` and
+``delays_ms``: a message holds its own history even without a record store.
+``MessageState.of`` never raises: an attempt it cannot trust sets ``invalid`` (the job is
+dead-lettered unrun), and other bad fields are dropped. The rules per field:
+docs/reliability.md.
 
 >>> state = MessageState.of({"ojs": {"attempt": 2, "errors": []}})
 >>> (state.attempt, state.dead_letter)
@@ -63,7 +41,7 @@ STATE_OPTION = "ojs"
 class MessageState(NamedTuple):
     """The adapter's state as read from one delivery of a message.
 
-    ``invalid`` is set when the state is unreadable (see the module docstring); it
+    ``invalid`` is set when the state is unreadable (the rules: docs/reliability.md); it
     is never written back by ``to_option``.
     """
 

@@ -1,7 +1,7 @@
 """``MemoryRecordStore``: job records in this process's memory (``StubBroker``, tests).
 
 Memory is per process: another process cannot read a record, so worker crashes go
-undetected (see ``stores``).
+undetected (docs/getting-started/dramatiq-redis.md).
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Dead-letter management for Dramatiq: ``ojs_adapters.runtime.dlq`` over the ``<queue>.XQ`` queues.
 
-``OjsRetries`` dead-letters a job by failing a copy that carries its full history
-in ``options["ojs"]``, so every message in a ``.XQ`` queue is a ``DeadLetter`` as
-it stands. Replay sends a copy back to the original queue as attempt 1, history
-kept, ``replay_count``/``last_replayed_at`` in ``options["ojs"]`` and in the job
-record (the last run's ``x-ojs-*`` options and ``ojs_token`` dropped, the
-``idempotency_key`` kept), and removes *that* dead message in the same atomic step:
-
-- Redis: one Lua script moves the entry from ``<ns>:<queue>.XQ`` to the queue;
-- RabbitMQ: the publish and the ack of the dead delivery commit in one AMQP
-  transaction (a client stopped before the commit changes nothing);
-- StubBroker: in process, one step.
-
-Replay writes the broker directly, so enqueue middleware hooks do not run for it;
-Dramatiq's ``AgeLimit`` still measures from the job's first send. Dramatiq itself
-drops dead messages after ``dead_message_ttl`` (7 days by default; Redis broker
-argument, RabbitMQ env ``dramatiq_dead_message_ttl``): raise it above the OJS
-retention (180 days) if that retention is to govern.
+``OjsRetries`` dead-letters a job as a message that carries its full history in
+``options["ojs"]``, so every message in a ``.XQ`` queue is a ``DeadLetter`` as it stands.
+Replay sends a copy back to its queue as attempt 1 and removes that dead message in one
+atomic step (``_dlq_redis``, ``_dlq_rabbitmq``, ``_dlq_stub``). Notes for operators:
+docs/operations/dead-letters.md.
 
 >>> import dramatiq
 >>> from dramatiq.brokers.stub import StubBroker

@@ -1,38 +1,10 @@
 """Where ``OjsRetries`` keeps job records, readable by message id during and after the job.
 
-Dramatiq's ``Results`` middleware stores only a success or a dead-lettered failure,
-and nothing for an attempt that is retried, so the record (DESIGN.md "Job record")
-has a key of its own. Which store, unless ``OjsRetries(store=...)`` names one:
-
-1. the ``Results`` backend, when the broker has that middleware: the record goes
-   under ``backend.build_message_key`` of the pseudo message ``ojs-record/<id>``,
-   through the backend's own ``_store`` and read back with ``get_result``;
-2. the broker's Redis, for a ``RedisBroker``: ``<namespace>:ojs-record:<id>``;
-3. process memory (``MemoryRecordStore``), for ``StubBroker``, and for a
-   ``RabbitmqBroker`` without ``Results``. Memory is per process: another process
-   cannot read the record, and a worker that replaces a killed one cannot see that
-   the attempt was running, so worker crashes go undetected. Give a RabbitMQ
-   deployment ``Results`` or ``store=RedisRecordStore(url=...)``.
-
-Records expire after ``ttl`` milliseconds (7 days by default, Dramatiq's
-dead-message TTL). One worker at a time works on a message, so a plain
-read-modify-write is enough for the record, and saves are *ordered*: a save never
-replaces a record of a later attempt or replay round
-(``ojs_adapters.runtime.handoff.record_rank``), as a late ``handed_off`` mark would after
-its successor already ran (atomically on Redis, one script: ``ORDERED_SAVE_LUA``;
-on a ``Results`` backend only when it is Redis with JSON values). Two *copies*
-of one attempt (a retry published twice) can run at once, though, so each
-attempt is first *claimed* (``claim``): an atomic first-writer-wins mark (``SET
-NX`` on Redis, a lock in memory). A store without ``claim`` (a ``Results`` backend
-other than Redis) lets every copy through: the record check then catches only
-copies that arrive after the first one started.
-
-Before it claims, a delivery takes a *lease* on its attempt (``lease``, kept alive
-by ``_lease``): a second delivery of the same attempt waits while a live one holds
-it, and goes on once a dead one's lapses. Stores without ``lease`` keep none.
-
-This module chooses the store and holds the calls made through any store; the stores
-themselves live in ``_store_memory``, ``_store_redis`` and ``_store_results``.
+Dramatiq's ``Results`` keeps nothing for an attempt that is retried, so the record has a
+key of its own. ``default_store`` picks the ``Results`` backend, else the ``RedisBroker``'s
+Redis, else process memory; ``claim`` and ``saves_in_order`` are the calls made through any
+store. The stores live in ``_store_memory``, ``_store_redis`` and ``_store_results``; what
+each one guarantees is in docs/getting-started/dramatiq-redis.md.
 
 >>> store = MemoryRecordStore()
 >>> store.save("m1", {"id": "m1", "state": "active"})
@@ -81,7 +53,7 @@ def claim(store: Any, key: str, token: str, ttl: int) -> Claim:
 
 
 def saves_in_order(store: Any) -> bool:
-    """Whether ``store.save`` keeps a stored record of a later attempt (see above)."""
+    """Whether ``store.save`` keeps a stored record of a later attempt (``record_rank``)."""
     return bool(getattr(store, "ordered", False))
 
 

@@ -43,7 +43,7 @@ DEFAULT_POLICY: Mapping[str, Any] = {
     "backoff_strategy": "exponential",
 }
 
-#: Defaults of the opt-in extension fields (issue 10); absent from ``DEFAULT_POLICY``.
+#: Defaults of the opt-in extension fields; absent from ``DEFAULT_POLICY``, which is the spec's.
 EXTENSION_DEFAULTS: Mapping[str, Any] = {"jitter_mode": "ojs", "max_duration": None}
 
 
@@ -68,7 +68,7 @@ class RetryPolicyDict(TypedDict, total=False):
     non_retryable_errors: Sequence[str]
     on_exhaustion: OnExhaustion
     backoff_strategy: backoff.BackoffStrategy
-    #: Extension (issue 10): "ojs" (default), "full" or "decorrelated" jitter.
+    #: Opt-in extension, not in OJS: "ojs" (default), "full" or "decorrelated" jitter.
     jitter_mode: backoff.JitterMode
     #: Extension (integration standard R-3): ISO 8601 duration, or ``None`` for no limit.
     max_duration: str | None
@@ -90,7 +90,7 @@ class RetryPolicy:
     non_retryable_errors: tuple[str, ...] = ()
     on_exhaustion: OnExhaustion = "discard"
     backoff_strategy: backoff.BackoffStrategy = "exponential"
-    #: Extension (issue 10): "ojs" (default), "full" or "decorrelated" jitter.
+    #: Opt-in extension, not in OJS: "ojs" (default), "full" or "decorrelated" jitter.
     jitter_mode: backoff.JitterMode = "ojs"
     #: Extension (integration standard R-3): no retry starts after first attempt + this.
     max_duration: timedelta | None = None

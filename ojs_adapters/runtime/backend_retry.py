@@ -1,17 +1,10 @@
 """Broker and result-backend calls retried in place (ojs-errors.md sections 4.6 and 7, ERR-016).
 
-A publish or a job-record write that fails with a broker or storage error is
-classified as ``BACKEND_UNAVAILABLE``, ``BACKEND_TIMEOUT`` or ``BACKEND_ERROR``
-and tried again where it happened, with exponential backoff and jitter: 5 tries,
-the first wait 100 ms (section 7's "maximum of 5 retry attempts with initial
-delay of 100ms"), each wait doubled, times a jitter multiplier in [0.5, 1.5).
-After the last try the call raises ``OjsBackendError`` (``details["operation"]``,
-``["tries"]``, ``["cause"]``); what happens then is the adapter's business.
-Anything that is not a backend error (a ``TypeError`` in a serializer) is
-raised at once, untried.
-
-Classification reads class names along the exception's MRO, so nothing here
-imports a broker client:
+A publish or a record write that fails with a broker or storage error is classified
+(``BACKEND_UNAVAILABLE``, ``BACKEND_TIMEOUT``, ``BACKEND_ERROR``) by the class names along
+its MRO, so nothing here imports a broker client, and tried again where it happened: 5
+tries from 100 ms, each wait doubled and jittered, then ``OjsBackendError``. Any other
+error is raised at once, untried.
 
 >>> backend_error(ConnectionRefusedError("refused")).code
 'BACKEND_UNAVAILABLE'
@@ -21,9 +14,6 @@ True
 [0.1, 0.2, 0.4, 0.8]
 >>> BackendRetry(sleep=lambda s: None).call(lambda: 42, operation="demo")
 42
-
-``BackendRetry(sleep=...)`` is the testing switch: pass a no-op to make waits
-instant while every try still happens and is counted.
 """
 
 from __future__ import annotations

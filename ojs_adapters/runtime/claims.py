@@ -1,4 +1,4 @@
-"""Claiming an attempt and reading its record in one Redis round trip (issue 11, issue 9).
+"""Claiming an attempt and reading its record in one Redis round trip.
 
 Before an attempt runs, an adapter claims it (``<job id>:<attempt>``, first copy
 wins, so a successor published twice runs once), reads the job record (has this

@@ -1,29 +1,11 @@
 """Attempt leases: a second delivery of an attempt waits while the first one is alive.
 
-A broker can hand a message out again while its first delivery still runs: RabbitMQ
-gives back every unacked message as soon as a consumer's connection drops (the
-worker goes on with it), a delay-queue message whose ack was lost is forwarded
-twice, Redis queue maintenance re-pushes the unacked messages of a worker it takes
-for dead. That second delivery finds the job record ``active`` at its attempt,
-exactly what a redelivery after a crash looks like: judged alone, it would record a
-lost attempt (a phantom ``HANDLER_PANIC``, RET-12) and publish a retry that may run
-the body again, while the first delivery completes.
-
-So each delivery first takes a *lease* on its attempt in the record store (keyed
-like the claim, held by ``<copy token>|<delivery nonce>``), renewed by a ``LeaseRenewer``:
-one daemon thread per adapter and process, every ``BEAT_SECONDS`` (each adapter keeps
-its own, so that a slow store of one cannot delay the renewals of the other). A
-delivery that finds another's lease alive waits (nothing run), re-reading the record,
-until it can take the lease. Once the attempt's outcome is stored, the holder stops
-renewing, and either releases the lease (``release``) or lets it lapse after
-``LEASE_SECONDS``; the waiting copy meanwhile finds that outcome and is dropped as a
-duplicate. If the holder died,
-its lease lapses and the waiting copy is judged as a redelivery after a crash. This
-is the heartbeat of ojs-retry.md section 9.3 (RET-13), for redeliveries.
-
-Limits: a lease says the holding *process* is alive, not that the job makes progress
-(a hung handler keeps its attempt; bound it with a time limit); a store out of reach
-for longer than ``LEASE_SECONDS - BEAT_SECONDS`` lets a live lease lapse.
+A broker can hand a message out again while its first delivery still runs; judged alone,
+that second delivery would record a phantom lost attempt (RET-12). So each delivery first
+takes a lease on its attempt in the record store, renewed by a ``LeaseRenewer`` thread:
+another delivery waits while the lease is alive, and counts a lost attempt only once it
+lapses (the heartbeat of ojs-retry.md 9.3, RET-13, for redeliveries). Why, and the
+limits: docs/lifecycle.md.
 
 >>> class Store:  # a store keeps leases if it has ``lease(key, holder, ttl_ms)``
 ...     held = {}
