@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any
 
 from billiard.exceptions import WorkerLostError
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
@@ -28,6 +28,7 @@ from celery_ext._inputs import (
     raise_terminal,
     requested_failure,
     task_jitter_sample,
+    terminal_error,
 )
 from celery_ext._retry_send import send_retry
 from celery_ext._routing import dead_letter_queue_for, queue_of
@@ -51,7 +52,7 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     """Run one delivery of ``task`` in the worker and act on how it ends."""
     run = Delivery(task)
     if run.state.invalid is not None:  # unreadable OJS state: dead-letter it unrun (_headers)
-        run.fail(run.state.invalid, None)
+        raise run.fail(run.state.invalid, None)
     try:
         # Lease, claim, record read and ``active`` write: one round trip as a rule; alone
         # on the attempt from here (ojs_adapters.runtime.admission).
@@ -68,12 +69,15 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
             # a requeued delivery starts this attempt afresh instead of counting as a crash.
             run.restore(previous)
             raise
+        # What ends a failed attempt (Celery's ``Retry``, or ``JobDeadLettered`` with its
+        # cause) is raised here, so the traceback Celery formats for it holds no frames of
+        # ours below; its chain is its own (no ``from``).
         except RetryRequested as request:
-            run.fail(requested_failure(request), request.exc)
+            raise run.fail(requested_failure(request), request.exc)  # noqa: B904
         except (SoftTimeLimitExceeded, TimeLimitExceeded) as exc:
-            run.fail(describe_failure(exc, catalog_code="HANDLER_TIMEOUT"), exc)
+            raise run.fail(describe_failure(exc, catalog_code="HANDLER_TIMEOUT"), exc)  # noqa: B904
         except Exception as exc:
-            run.fail(exc, exc)
+            raise run.fail(exc, exc)  # noqa: B904
         run.save(run.fresh.completed(), last=True)
         return result
     finally:
@@ -97,6 +101,7 @@ class Delivery(AttemptSeat):
         self.dependency: str | None = getattr(type(task), "retry_budget", None)
         self.started_saved = False  # ``admit`` wrote the ``active`` record with the claim
         self.exc: BaseException | None = None  # what the failed attempt raised
+        self.ending: BaseException | None = None  # what ``fail`` returns for its caller to raise
         self.base = JobRecord(
             id=self.request.id, type=task.name, queue=self.queue,
             max_attempts=self.policy.max_attempts, errors=self.state.errors,
@@ -131,10 +136,10 @@ class Delivery(AttemptSeat):
         # "lost" without a record: this copy ran before while the store was unreachable.
         record = record or self.base.started(attempt)
         if verdict == "lost":
-            self.fail(lost_failure(record, attempt), None)
+            raise self.fail(lost_failure(record, attempt), None)
         if verdict == "resend":
             # The retry was decided but its message may not have been accepted.
-            self.resend_retry(record)
+            raise self.resend_retry(record)
         if verdict == "redo_dead_letter":
             raise_terminal(self.task, record, None)  # lets OjsRequest redo the dead letter
         logger.info("%s[%s]: attempt %d already done (record %s at %d); dropping duplicate",
@@ -152,8 +157,10 @@ class Delivery(AttemptSeat):
 
     # -- after a failure ------------------------------------------------------------
 
-    def fail(self, error: BaseException | Failure, exc: BaseException | None) -> NoReturn:
-        """Decide on failed attempt ``state.attempt`` and carry the decision out."""
+    def fail(self, error: BaseException | Failure, exc: BaseException | None) -> BaseException:
+        """Decide on failed attempt ``state.attempt`` and carry the decision out; return what
+        the caller raises: Celery's ``Retry`` once the retry is sent, else the terminal error
+        (``JobDeadLettered``/``JobDiscarded``) that makes ``OjsRequest`` end the job."""
         self.exc = exc
         sample = task_jitter_sample(self.task) if self.policy.jitter else None
         budget = budget_of(self.task.app, self.dependency) if self.dependency else None
@@ -162,7 +169,8 @@ class Delivery(AttemptSeat):
             previous_delay=self.state.countdowns[-1] if self.state.countdowns else None,
             first_attempt_at=self.first_attempt_at, budget=budget)
         carry_out(self, self.base, decision)
-        raise AssertionError("hand_off and end raise")  # pragma: no cover
+        assert self.ending is not None  # hand_off and end set it
+        return self.ending
 
     # -- the ``Outcome`` of ``ojs_adapters.runtime.delivery.carry_out`` --------------
 
@@ -180,17 +188,18 @@ class Delivery(AttemptSeat):
                 **record.extra, "dead_letter_queue": dead_letter_queue_for(self.task, self.queue)})
         return record
 
-    def hand_off(self, record: JobRecord, decision: Decision) -> NoReturn:
+    def hand_off(self, record: JobRecord, decision: Decision) -> None:
+        self.save(record)  # before the publish: the next attempt must find it
         delay = float(decision.delay or 0.0)
-        self.schedule_retry(record, self.exc, countdown=delay, not_before=time.time() + delay,
-                            decision=decision)
+        self.ending = self.schedule_retry(record, self.exc, countdown=delay,
+                                          not_before=time.time() + delay, decision=decision)
 
-    def end(self, record: JobRecord, decision: Decision) -> NoReturn:
-        """Store the terminal record (with the lease's release), report, and raise what
-        makes ``OjsRequest`` dead-letter or end the job (``_inputs.raise_terminal``)."""
+    def end(self, record: JobRecord, decision: Decision) -> None:
+        """Store the terminal record (with the lease's release), report, and keep what
+        makes ``OjsRequest`` dead-letter or end the job (``_inputs.terminal_error``)."""
         self.save(record, last=True)
         self.report(decision)
-        raise_terminal(self.task, record, self.exc)
+        self.ending = terminal_error(self.task, record, self.exc)
 
     def report(self, decision: Decision) -> None:
         """Hand the decision to the instrumentation hooks, once (a resend does not report)."""
@@ -199,21 +208,26 @@ class Delivery(AttemptSeat):
                            decision=decision, idempotency_key=self.key,
                            dependency=self.dependency))
 
-    def resend_retry(self, record: JobRecord) -> NoReturn:
-        """Send again the retry a record describes (its first send may have failed)."""
+    def resend_retry(self, record: JobRecord) -> BaseException:
+        """Send again the retry a record describes (its first send may have failed); return
+        what to raise, as ``fail`` does."""
         not_before = epoch(record.next_retry_at) or time.time()
         try:
-            self.schedule_retry(record, None, countdown=max(0.0, not_before - time.time()),
-                                not_before=not_before)
+            return self.schedule_retry(record, None,
+                                       countdown=max(0.0, not_before - time.time()),
+                                       not_before=not_before)
         except Unpublished as error:
             self.end(*redecided(self, record, error.cause))
+        assert self.ending is not None
+        return self.ending
 
     def schedule_retry(self, record: JobRecord, exc: BaseException | None, *,
                        countdown: float, not_before: float,
-                       decision: Decision | None = None) -> NoReturn:
+                       decision: Decision | None = None) -> BaseException:
         """A native Celery retry carrying the history of ``record``, after ``countdown`` s
-        (parked on the broker if that is long: ``_parking``). ``decision`` is reported once
-        the broker took the retry, or will be asked again (a resend reports nothing)."""
+        (parked on the broker if that is long: ``_parking``); returns the ``Retry`` to raise.
+        ``decision`` is reported once the broker took the retry, or will be asked again (a
+        resend reports nothing)."""
         header = replace(
             self.state, attempt=record.attempt + 1, errors=record.errors,
             countdowns=tuple(record.extra["countdowns"]),
@@ -243,7 +257,8 @@ class Delivery(AttemptSeat):
         self.save(handed_off(record), last=True)
         # Without the frames of the publish (Task.retry inside the confirming connection):
         # Celery formats this traceback for every retry it logs, ~0.3-0.9 ms per frame set.
-        raise sent.with_traceback(None)
+        retry: BaseException = sent.with_traceback(None)
+        return retry
 
 
 def job_context(request: Any) -> JobContext:

@@ -63,12 +63,23 @@ def lost_failure(record: JobRecord, attempt: int) -> Failure:
     return Failure.worker_lost()
 
 
-def raise_terminal(task: Any, record: JobRecord, exc: BaseException | None) -> NoReturn:
+def terminal_error(task: Any, record: JobRecord,
+                   exc: BaseException | None) -> JobDeadLettered | JobDiscarded:
+    """What ends a job the policy ended, as ``raise terminal_error(...) from exc`` would
+    chain it; raised by the caller nearest the tracer (each frame between costs Celery's
+    ``ExceptionInfo`` a code-position walk and a formatted line)."""
     klass = JobDeadLettered if record.dead_lettered else JobDiscarded
     last = record.errors[-1] if record.errors else None
     reason = f": {last.type}: {last.message}" if last else ""
     message = f"{task.name}[{record.id}] {record.outcome} after attempt {record.attempt}{reason}"
-    raise klass(message, record.to_dict()) from exc
+    error = klass(message, record.to_dict())
+    error.__cause__, error.__suppress_context__ = exc, True
+    return error
+
+
+def raise_terminal(task: Any, record: JobRecord, exc: BaseException | None) -> NoReturn:
+    """Raise ``terminal_error``."""
+    raise terminal_error(task, record, exc)
 
 
 def task_jitter_sample(task: Any) -> float:
