@@ -130,7 +130,7 @@ class BackendRetry:
 
     def call(self, fn: Callable[[], T], *, operation: str) -> T:
         """``fn()``, tried again on backend errors; ``OjsBackendError`` after the last try."""
-        waits = self.delays()
+        waits: list[float] = []  # drawn at the first failure: a call that works draws none
         for number in range(1, self.tries + 1):
             try:
                 return fn()
@@ -145,6 +145,7 @@ class BackendRetry:
                     _log.warning("%s failed %d times (%s); giving up", operation, number,
                                  error.code)
                     raise error from exc
+                waits = waits or self.delays()
                 wait = waits[number - 1]
                 _log.info("%s failed (%s: %s); try %d of %d in %.0f ms", operation, error.code,
                           type(exc).__name__, number + 1, self.tries, wait * 1000)
