@@ -11,6 +11,7 @@ worker takes it. Discard and fail end the job: the message is acked.
 from __future__ import annotations
 
 import logging
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -21,14 +22,16 @@ from dramatiq.middleware import MiddlewareError
 
 from dramatiq_ext._alerts import dead_lettered
 from dramatiq_ext._dead_letter import dead_letter_in_place
+from dramatiq_ext._handoff import TOKEN_OPTION
 from dramatiq_ext._held_ack import PENDING, AckGate, Pending
 from dramatiq_ext._options import KEY_OPTION
 from dramatiq_ext._records import key_of
+from dramatiq_ext._redis_retry import enqueue_with_record, shares_redis
 from dramatiq_ext._state import STATE_OPTION, MessageState, to_millis, with_countdown
 from ojs_adapters import Decision, JobRecord, RetryPolicy
 from ojs_adapters.history import utc_now
 from ojs_adapters.runtime._instant import broker_delay
-from ojs_adapters.runtime.backend_retry import BackendRetry
+from ojs_adapters.runtime.backend_retry import BackendRetry, backend_error, count_failure
 from ojs_adapters.runtime.delivery import Unpublished, redecided
 from ojs_adapters.runtime.events import DecisionEvent, emit
 from ojs_adapters.runtime.handoff import error_headers, handed_off
@@ -83,10 +86,34 @@ class DeliveryOutcome:
         millis = to_millis(delay)
         self.logger.debug("Retrying message %r as attempt %d in %d ms.",
                           self.message.message_id, self.state.attempt + 1, millis)
-        self.publish(self.state._replace(attempt=self.state.attempt + 1, previous_delay=delay,
-                                         errors=record.errors, **_carried(record)),
-                     record, millis)
+        state = self.state._replace(attempt=self.state.attempt + 1, previous_delay=delay,
+                                    errors=record.errors, **_carried(record))
+        if not self._retry_in_one_call(state, record, millis):
+            self.save(record)  # before the publish: the next attempt must find it
+            self.publish(state, record, millis)
         self.report(record, decision)
+
+    def _retry_in_one_call(self, state: MessageState, record: JobRecord, millis: int) -> bool:
+        """On a ``RedisBroker`` that holds the records too, enqueue the retry and save its
+        record marked handed off in one script (``_redis_retry``). ``False``: not here (or
+        parked), or that call failed: the caller saves, then publishes (with its retries
+        and the held ack); a copy of a try whose reply was lost is dropped by its claim."""
+        store, delay = self.gate.records.store, broker_delay(millis)
+        if not shares_redis(self.broker, store) or self.gate.publisher.parking.wants(delay):
+            return False
+        retry = successor(self.message, state).copy(options={
+            **error_headers(record.errors[-1], state.attempt), TOKEN_OPTION: uuid.uuid4().hex})
+        try:
+            enqueue_with_record(self.broker, store, retry, delay, handed_off(record))
+        except Exception as exc:
+            failure = backend_error(exc, operation="publish retry")
+            if failure is not None:  # counted as the two-step path's failed tries are
+                count_failure("publish retry", failure.code)
+            self.logger.warning("Could not enqueue the retry of %r with its record in one "
+                                "call; saving, then publishing.", self.message.message_id,
+                                exc_info=True)
+            return False
+        return True
 
     def end(self, record: JobRecord, decision: Decision) -> None:
         """Dead-letter the job (in place on Redis, else a copy), or end it; report."""

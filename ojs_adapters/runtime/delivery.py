@@ -6,9 +6,9 @@ record, hands a retry to its broker, ends a job, and reports) and translates its
 1. ``admission.admit``: lease, claim, judge (a repeated delivery never runs twice).
 2. The body runs; a failure becomes a ``Failure`` and ``decide`` rules on it.
 3. ``carry_out``: the record's transition; a retry is saved *before* it is published (its
-   attempt may start at once), then handed off (the original is acked only once the
-   broker took it); a dead letter, a discard or a fail ends the job. Each decision is
-   reported once.
+   attempt may start at once), or with it in one atomic step, and handed off (the
+   original is acked only once the broker took it); a dead letter, a discard or a fail
+   ends the job. Each decision is reported once.
 
 A retry that cannot be published for a reason other than the broker (it cannot be
 encoded, a router or middleware refuses it) would fail alike on every try: it is decided
@@ -45,12 +45,11 @@ class Outcome(Protocol):
     def failed(self, record: JobRecord, decision: Decision) -> JobRecord:
         """``record`` after ``decision`` (with what the adapter keeps besides)."""
 
-    def save(self, record: JobRecord) -> None:
-        """Store a record that is not the delivery's last (logged if it cannot be)."""
-
     def hand_off(self, record: JobRecord, decision: Decision) -> None:
-        """Publish the retry ``record`` decided, report ``decision`` and mark the record
-        handed off; raise ``Unpublished`` if it cannot be published but by the broker."""
+        """Publish the retry ``record`` decided, the record stored first (the retry may
+        start at once and must find it) or in one atomic step with the publish; report
+        ``decision``; mark the record handed off. Raise ``Unpublished`` if it cannot be
+        published but by the broker."""
 
     def end(self, record: JobRecord, decision: Decision) -> None:
         """Dead-letter, discard or fail the job as ``decision`` says, and report it."""
@@ -60,7 +59,6 @@ def carry_out(outcome: Outcome, record: JobRecord, decision: Decision) -> None:
     """Carry out ``decision`` on the failed attempt whose record is ``record``."""
     record = outcome.failed(record, decision)
     if decision.action == "retry":
-        outcome.save(record)  # before the publish: the next attempt must find it
         try:
             outcome.hand_off(record, decision)
             return
