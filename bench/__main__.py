@@ -39,8 +39,8 @@ def _settings(quick: bool) -> dict[str, Any]:
     than Dramatiq's here, so Celery gets fewer jobs per batch; ``--jobs`` sets both.
     """
     if quick:
-        return {"jobs": {"celery": 60, "dramatiq": 200}, "rounds": 3,
-                "e2e_brokers": ("redis",), "timing_brokers": ("redis",),
+        return {"jobs": {"celery": 150, "dramatiq": 500}, "rounds": 5,
+                "e2e_brokers": ("redis", "rabbitmq"), "timing_brokers": ("redis",),
                 "per_delay": 15, "window": 3.0, "memory_jobs": 1000}
     return {"jobs": {"celery": 200, "dramatiq": 800}, "rounds": 3,
             "e2e_brokers": ("redis", "rabbitmq"), "timing_brokers": ("redis", "rabbitmq"),

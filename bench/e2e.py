@@ -24,8 +24,10 @@ from typing import Any
 from bench.env import ROUND_TRIPS, count_redis_round_trips
 from bench.workload import E2E_DELAY, MIXES, VARIANTS, Mix, Side, Variant
 
-#: Ratio targets per mix (figures to compare with, not tests).
-TARGETS = {"success": 0.98, "fail once": 0.95, "exhausted + DLQ": 0.95}
+#: Targets (figures to compare with, not tests): OJS/native jobs/s per broker, and the
+#: Redis round trips per job OJS may add to the native path, per mix (docs/cost.md).
+RATIO_TARGETS = {"redis": 0.90, "rabbitmq": 0.80}
+TRIP_BUDGETS = {"success": 1, "fail once": 3, "exhausted + DLQ": 5}
 
 
 def batch(side: Side, variant: Variant, mix: Mix, jobs: int) -> tuple[float, float, float]:
@@ -81,14 +83,18 @@ def run(side: Side, *, jobs: int, rounds: int, warmup: int = 30) -> list[dict[st
         ratio = ojs / native
         cpu_native = statistics.median(cpus[mix.name, "native"])
         cpu_ojs = statistics.median(cpus[mix.name, "ojs"])
+        target = RATIO_TARGETS[side.broker]
+        trips_native = round(min(commands[mix.name, "native"]), 1)
+        trips_ojs = round(min(commands[mix.name, "ojs"]), 1)
         rows.append({
             "framework": side.framework, "broker": side.broker, "mix": mix.name,
             "jobs": jobs, "rounds": rounds, "native_jobs_s": round(native, 1),
             "ojs_jobs_s": round(ojs, 1), "ratio": round(ratio, 3),
-            "target": TARGETS[mix.name], "met": ratio >= TARGETS[mix.name],
+            "target": target, "met": ratio >= target,
             "native_cpu_us_per_job": round(cpu_native), "ojs_cpu_us_per_job": round(cpu_ojs),
-            "native_redis_trips_per_job": round(min(commands[mix.name, "native"]), 1),
-            "ojs_redis_trips_per_job": round(min(commands[mix.name, "ojs"]), 1),
+            "native_redis_trips_per_job": trips_native,
+            "ojs_redis_trips_per_job": trips_ojs,
+            "redis_trips_budget": round(trips_native + TRIP_BUDGETS[mix.name], 1),
             "native_rounds": [round(r, 1) for r in rates[mix.name, "native"]],
             "ojs_rounds": [round(r, 1) for r in rates[mix.name, "ojs"]],
         })

@@ -34,7 +34,12 @@ def _e2e(row: dict[str, Any]) -> list[str]:
 def _commands(row: dict[str, Any]) -> str:
     if row["broker"] != "redis" or "ojs_redis_trips_per_job" not in row:
         return "-"
-    return f"{row['native_redis_trips_per_job']:.1f} / {row['ojs_redis_trips_per_job']:.1f}"
+    text = f"{row['native_redis_trips_per_job']:.1f} / {row['ojs_redis_trips_per_job']:.1f}"
+    budget = row.get("redis_trips_budget")
+    if budget is None:
+        return text
+    verdict = "met" if row["ojs_redis_trips_per_job"] <= budget else "missed"
+    return f"{text} (<={budget:.1f} {verdict})"
 
 
 def _timing(row: dict[str, Any]) -> list[str]:
