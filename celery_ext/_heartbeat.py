@@ -82,6 +82,7 @@ class Heartbeat:
         self._orphans: list[_Held] = []  # closed unacked: to hand back (``_orphans``)
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
+        self._until: float | None = None  # when the thread looks next (None: idle)
 
     def hold(self, message: Any, *, start: bool = True) -> bool:
         """Keep ``message`` reserved until it is acked or its channel closes.
@@ -106,7 +107,11 @@ class Heartbeat:
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name="ojs-visibility-heartbeat")
                 self._thread.start()
-        self._wake.set()
+            # Woken only if it would look too late: not once per delivery (a wake-up and a
+            # walk over every held delivery, on the path of each message).
+            wake = self._until is None or self._until > now + interval
+        if wake:
+            self._wake.set()
         return True
 
     def held(self) -> int:
@@ -141,8 +146,11 @@ class Heartbeat:
         with self._lock:
             self._orphans.extend(left)
             if not self._held and not self._orphans:
-                return None
-            return min([held.due for held in self._held.values()] + [now + CLOSE_CHECK])
+                self._until = None
+            else:
+                self._until = min([held.due for held in self._held.values()]
+                                  + [now + CLOSE_CHECK])
+            return self._until
 
     def _refresh(self, batch: list[_Held], now: float) -> None:
         channel = batch[0].channel
@@ -166,7 +174,7 @@ class Heartbeat:
                 next_due = self.tick()
             except Exception:  # never let the thread die: held jobs would be handed out
                 logger.exception("ojs-adapters: visibility heartbeat tick failed")
-                next_due = self.clock() + MIN_INTERVAL * 10
+                next_due = self._until = self.clock() + MIN_INTERVAL * 10
             timeout = None if next_due is None else max(0.0, next_due - self.clock())
             self._wake.wait(timeout)
 
