@@ -24,7 +24,13 @@ from typing import Any
 
 from kombu.entity import Queue
 
-from celery_ext._handoff import TOKEN_HEADER, confirming_connection, with_retry
+from celery_ext._handoff import (
+    TOKEN_HEADER,
+    confirming_connection,
+    confirms,
+    pooled_producer,
+    with_retry,
+)
 from ojs_adapters import JobRecord
 from ojs_adapters.runtime.handoff import error_headers
 
@@ -52,11 +58,18 @@ def publish_dead_letter(app: Any, message: Any, queue_name: str,
                   auto_delete=False)
 
     def publish_once() -> None:
-        with confirming_connection(app) as conn:
-            conn.Producer().publish(
-                message.body, exchange="", routing_key=queue_name,
-                content_type=message.content_type, content_encoding=message.content_encoding,
-                headers=headers, delivery_mode=2, declare=[queue], retry=False, **extra,
-            )
+        if confirms(app):
+            with confirming_connection(app) as conn:
+                publish(conn.Producer())
+        else:  # no confirms to wait for: the app's own producer pool
+            with pooled_producer(app) as producer:
+                publish(producer)
+
+    def publish(producer: Any) -> None:
+        producer.publish(
+            message.body, exchange="", routing_key=queue_name,
+            content_type=message.content_type, content_encoding=message.content_encoding,
+            headers=headers, delivery_mode=2, declare=[queue], retry=False, **extra,
+        )
 
     with_retry(app, publish_once, operation="publish dead letter")

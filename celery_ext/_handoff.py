@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from kombu.exceptions import SerializationError, SerializerNotInstalled
 
 from ojs_adapters.runtime.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
 from ojs_adapters.runtime.dlq import replay_info
+from ojs_adapters.runtime.tokens import new_token as fresh_token
 
 T = TypeVar("T")
 
@@ -40,8 +40,8 @@ _POOLS_LOCK = threading.Lock()
 
 
 def new_token() -> str:
-    """A fresh token for one published copy."""
-    return uuid.uuid4().hex
+    """A fresh token for one published copy (``runtime.tokens``: no system call)."""
+    return fresh_token()
 
 
 def backend_retry_of(app: Any) -> BackendRetry:
@@ -69,6 +69,29 @@ def confirming_connection(app: Any) -> Iterator[Any]:
         except Exception:
             conn.collect()
             raise
+
+
+@contextmanager
+def pooled_producer(app: Any) -> Iterator[Any]:
+    """A producer from ``app``'s own pool, as a native retry publishes: for a broker
+    without publisher confirms (``confirms``), where a confirming connection adds nothing."""
+    with app.producer_or_acquire() as producer:
+        yield producer
+
+
+#: Registry of whether an app's broker confirms publishes (AMQP), found once per app.
+_CONFIRMS_REGISTRY: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def confirms(app: Any) -> bool:
+    """Whether ``app``'s broker transport has publisher confirms (AMQP). Elsewhere (Redis, the
+    memory transport) an accepted publish is a written one, and a successor goes through
+    the app's own producer pool, as a native retry does."""
+    known = _CONFIRMS_REGISTRY.get(app)
+    if known is None:
+        with app.connection_for_write() as conn:
+            known = _CONFIRMS_REGISTRY[app] = conn.transport.driver_type == "amqp"
+    return known
 
 
 def with_retry(app: Any, fn: Callable[[], T], *, operation: str) -> T:

@@ -59,6 +59,7 @@ __all__ = [
     "parking_producer",
     "prefix_of",
     "restore_delivery_info",
+    "wants_park",
 ]
 
 #: App setting: park retries left to wait more than this many seconds (``None``: never).
@@ -77,6 +78,12 @@ def park_after(app: Any) -> float | None:
         return DEFAULT_PARK_AFTER
 
 
+def wants_park(app: Any, not_before: float) -> bool:
+    """Whether a retry due at ``not_before`` waits longer than ``app``'s parking threshold."""
+    threshold = park_after(app)
+    return threshold is not None and not_before - time.time() > threshold
+
+
 def parking_producer(app: Any, conn: Any, *, queue: str, not_before: float) -> Any | None:
     """A producer of ``conn`` whose publish parks the message until ``not_before``.
 
@@ -85,8 +92,7 @@ def parking_producer(app: Any, conn: Any, *, queue: str, not_before: float) -> A
     fell back on a routing key), the transport cannot park, or the RabbitMQ levels
     are unavailable (logged).
     """
-    threshold = park_after(app)
-    if threshold is None or not_before - time.time() <= threshold:
+    if not wants_park(app, not_before):
         return None
     if queue not in app.amqp.queues:  # not a queue this worker knows: route it natively
         return None

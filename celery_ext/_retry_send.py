@@ -17,11 +17,13 @@ from celery_ext._handoff import (
     TOKEN_HEADER,
     Unpublishable,
     confirming_connection,
+    confirms,
     encoder_cause,
     new_token,
+    pooled_producer,
     with_retry,
 )
-from celery_ext._parking import parking_producer
+from celery_ext._parking import parking_producer, wants_park
 from ojs_adapters.errors import OjsBackendError
 from ojs_adapters.runtime.delivery import Unpublished
 
@@ -32,23 +34,28 @@ def send_retry(task: Any, exc: BaseException, *, countdown: float, not_before: f
     broker errors). Raises ``OjsBackendError`` if the broker does not accept it, and
     ``Unpublished`` if it cannot be published for another reason (every try would fail)."""
 
+    def publish(producer: Any) -> Retry:
+        try:
+            Task.retry(task, exc=exc, countdown=countdown, max_retries=max_retries,
+                       retry=False, producer=producer,
+                       headers={**headers, TOKEN_HEADER: new_token()})
+        except Retry as sent:
+            return sent
+        except Reject as rejected:  # Task.retry's wrapping of a failed send
+            reason = rejected.reason
+            if isinstance(reason, NOT_THE_BROKER):  # a KombuError, yet no broker's
+                raise Unpublishable(reason) from reason
+            raise reason if isinstance(reason, Exception) else rejected from None
+        raise AssertionError("Task.retry returned")  # pragma: no cover - it always raises
+
     def once() -> Retry:
+        if not confirms(task.app) and not wants_park(task.app, not_before):
+            with pooled_producer(task.app) as producer:  # no confirms to wait for
+                return publish(producer)
         with confirming_connection(task.app) as conn:
             # a long countdown waits on the broker, not in a worker (RET-11, _parking)
-            producer = parking_producer(task.app, conn, queue=queue,
-                                        not_before=not_before) or conn.Producer()
-            try:
-                Task.retry(task, exc=exc, countdown=countdown, max_retries=max_retries,
-                           retry=False, producer=producer,
-                           headers={**headers, TOKEN_HEADER: new_token()})
-            except Retry as sent:
-                return sent
-            except Reject as rejected:  # Task.retry's wrapping of a failed send
-                reason = rejected.reason
-                if isinstance(reason, NOT_THE_BROKER):  # a KombuError, yet no broker's
-                    raise Unpublishable(reason) from reason
-                raise reason if isinstance(reason, Exception) else rejected from None
-        raise AssertionError("Task.retry returned")  # pragma: no cover - it always raises
+            return publish(parking_producer(task.app, conn, queue=queue,
+                                            not_before=not_before) or conn.Producer())
 
     try:
         sent: Retry = with_retry(task.app, once, operation="publish retry")

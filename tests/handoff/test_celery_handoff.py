@@ -5,10 +5,10 @@ A real in-process worker (threads pool) publishes to the shared broker through a
 directly: an in-process Celery worker whose *consumer* link is cut does not always
 come back or stop, which is Celery's reconnect, not the hand-off under test). The
 result backend (job records, claims) is reached directly. The proxy is cut from
-inside the adapter's publish
-(``confirming_connection``), just before it: a short outage on the first retry
-(the in-place retries ride it out) and a long one on the first dead letter (the
-original is requeued, or stays unacked, and comes back). One retry is also
+inside the adapter's publish (``confirming_connection``, or ``pooled_producer`` on
+Redis), just before it: a short outage on the first retry (the in-place retries ride
+it out) and a long one on the first dead letter (the original is requeued, or stays
+unacked, and comes back). One retry is also
 published twice. Then every job must be completed or dead-lettered exactly once,
 and no attempt may run twice. The RabbitMQ test reads the ``x-ojs-*`` headers of
 a retried and of a dead-lettered message off the broker.
@@ -171,6 +171,11 @@ def _scenario(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
                         cutting("retry", retry_send_module.confirming_connection))
     monkeypatch.setattr(deadletter_module, "confirming_connection",
                         cutting("dead letter", deadletter_module.confirming_connection))
+    # A broker without publisher confirms (Redis) publishes through the app's producer pool.
+    monkeypatch.setattr(retry_send_module, "pooled_producer",
+                        cutting("retry", retry_send_module.pooled_producer))
+    monkeypatch.setattr(deadletter_module, "pooled_producer",
+                        cutting("dead letter", deadletter_module.pooled_producer))
     monkeypatch.setattr(retry_send_module, "Task", _Task)
     failures_before = sum(v for k, v in FAILURES_REGISTRY.items() if k.startswith("publish"))
     try:
