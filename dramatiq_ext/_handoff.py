@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +22,7 @@ from dramatiq.message import Message
 from dramatiq_ext._parked_index import index_parked
 from dramatiq_ext._parking import Parking
 from ojs_adapters.runtime.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
+from ojs_adapters.runtime.tokens import new_token
 
 #: Message option holding the token of one published copy.
 TOKEN_OPTION = "ojs_token"
@@ -52,7 +52,7 @@ class Publisher:
 
         def once() -> None:
             fresh = message if keep_token else message.copy(
-                options={TOKEN_OPTION: uuid.uuid4().hex})
+                options={TOKEN_OPTION: new_token()})
             self.publish_once(broker, fresh, delay, headers)
 
         self.retry.call(once, operation=operation)

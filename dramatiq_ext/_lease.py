@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
@@ -28,6 +27,7 @@ from ojs_adapters.runtime.backend_retry import BackendRetry
 from ojs_adapters.runtime.claims import AdmissionReply
 from ojs_adapters.runtime.handoff import Claim, attempt_id
 from ojs_adapters.runtime.leases import LeaseRenewer, lease
+from ojs_adapters.runtime.tokens import new_token
 
 #: Renews the leases of the Dramatiq deliveries this process works on (a registry).
 LEASE_RENEWER = LeaseRenewer()
@@ -47,7 +47,7 @@ class DeliverySeat:
         self.logger = logger
         self.key = claim_key(message, state)
         # this delivery: a retried claim whose reply was lost is still ours
-        self.token = f"{token_of(message)}|{uuid.uuid4().hex}"
+        self.token = f"{token_of(message)}|{new_token()}"
         self.retry, self.ttl, self.started = backend_retry, record_ttl, started
         self.give_back: Callable[[str], NoReturn] = give_back
 

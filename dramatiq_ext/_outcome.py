@@ -11,7 +11,6 @@ worker takes it. Discard and fail end the job: the message is acked.
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +34,7 @@ from ojs_adapters.runtime.backend_retry import BackendRetry, backend_error, coun
 from ojs_adapters.runtime.delivery import Unpublished, redecided
 from ojs_adapters.runtime.events import DecisionEvent, emit
 from ojs_adapters.runtime.handoff import error_headers, handed_off
+from ojs_adapters.runtime.tokens import new_token
 
 #: Attribute of a ``MessageProxy`` holding the ``JobDeadLettered`` it was failed with.
 DEAD = "_ojs_dead_lettered"
@@ -102,7 +102,7 @@ class DeliveryOutcome:
         if not shares_redis(self.broker, store) or self.gate.publisher.parking.wants(delay):
             return False
         retry = successor(self.message, state).copy(options={
-            **error_headers(record.errors[-1], state.attempt), TOKEN_OPTION: uuid.uuid4().hex})
+            **error_headers(record.errors[-1], state.attempt), TOKEN_OPTION: new_token()})
         try:
             enqueue_with_record(self.broker, store, retry, delay, handed_off(record))
         except Exception as exc:

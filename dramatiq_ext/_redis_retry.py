@@ -11,7 +11,6 @@ after it (three round trips) become one, and no crash falls between them
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 from dramatiq.broker import Broker
@@ -22,6 +21,7 @@ from dramatiq_ext._handoff import is_redis
 from ojs_adapters import JobRecord
 from ojs_adapters.runtime.group_commit import run_script
 from ojs_adapters.runtime.handoff import ORDERED_SAVE_BODY, record_rank
+from ojs_adapters.runtime.tokens import new_token
 
 #: KEYS[1] the record, KEYS[2] the queue's message hash, KEYS[3] the queue; ARGV[1..5] the
 #: ordered save's (``ORDERED_SAVE_BODY``), ARGV[6] the Redis message id, ARGV[7] the body.
@@ -44,7 +44,7 @@ def enqueue_with_record(broker: Any, store: Any, message: Message[Any], delay: i
     """Enqueue ``message`` (its copy token set) after ``delay`` ms and save ``record`` in one
     script; the caller checked ``shares_redis``. Errors propagate (nothing was written, or
     all was: the script is atomic)."""
-    message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
+    message = message.copy(options={"redis_message_id": new_token()})
     queue = message.queue_name
     if delay is not None:
         queue = dq_name(queue)

@@ -12,7 +12,6 @@ walks through it, with the windows that remain.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any, NoReturn
 
 from dramatiq.broker import Broker, MessageProxy
@@ -49,6 +48,7 @@ from ojs_adapters.failure import Failure, describe_failure, requested_retry
 from ojs_adapters.runtime._instant import note_job
 from ojs_adapters.runtime.admission import admit, wait_limit
 from ojs_adapters.runtime.delivery import carry_out
+from ojs_adapters.runtime.tokens import new_token
 
 __all__ = ["ACTOR_OPTIONS", "DeadLettered", "JitterSource", "JobDeadLettered", "OjsRetries"]
 
@@ -235,7 +235,7 @@ class OjsRetries(RetriesSettings):
     def _claim_step(self, broker: Broker, message: MessageProxy, state: MessageState,
                     step: str) -> str | None:
         """Whether this copy may take ``step`` of its attempt; ``None``: the store is down."""
-        key, token = claim_key(message, state, step), f"{token_of(message)}|{uuid.uuid4().hex}"
+        key, token = claim_key(message, state, step), f"{token_of(message)}|{new_token()}"
         store = self.store_for(broker)
         try:
             claimed: str = self.backend_retry.call(
