@@ -45,8 +45,12 @@ class AttemptSeat:
         self.logger = logger
         self.holder = ""  # this delivery's lease holder, once it took the lease
         self.released = False  # given up with the outcome's save (one round trip)
-        # past it, an admission wait gives the delivery back (a Celery limit cannot pause)
-        self.deadline = time.monotonic() + wait_limit(self._time_limit())
+        self.started = time.monotonic()
+
+    def deadline(self) -> float:
+        """Past it, an admission wait gives the delivery back (a Celery limit cannot pause);
+        asked only when a delivery waits (the limits are read from the app's settings)."""
+        return self.started + wait_limit(self._time_limit())
 
     def begin(self, fresh: JobRecord | None, lease_ms: int | None) -> AdmissionReply | None:
         assert fresh is not None  # a Celery attempt always writes its ``active`` record

@@ -115,8 +115,11 @@ class OjsRetries(RetriesSettings):
             broker, message, state, store=self.store_for(broker),
             backend_retry=self.backend_retry, record_ttl=self.record_ttl, logger=self.logger,
             started=started, give_back=lambda why: self._give_back(broker, message, state, why))
-        limit = time_limit_ms(broker, message)
-        deadline = started + wait_limit(None if limit is None else limit / 1000)
+
+        def deadline() -> float:  # asked only if the delivery has to wait
+            limit = time_limit_ms(broker, message)
+            return started + wait_limit(None if limit is None else limit / 1000)
+
         # Lease, claim, record read and ``active``: one round trip, as a rule.
         verdict, record, wrote = admit(seat, fresh, deadline=deadline)
         if verdict == "run":

@@ -81,14 +81,15 @@ def wait_limit(time_limit: float | None) -> float:
     return min(CLAIM_WAIT_SECONDS, time_limit - LIMIT_MARGIN)
 
 
-def admit(seat: Seat, fresh: JobRecord | None, *, deadline: float) -> Admission:
+def admit(seat: Seat, fresh: JobRecord | None, *, deadline: Callable[[], float]) -> Admission:
     """Lease, claim and judge one delivery; ``fresh`` is its ``active`` record, written with
-    a new claim over no record or an earlier attempt's. Past ``deadline``
-    (``time.monotonic()``), a delivery still waiting is given back (``Seat.give_back``)."""
+    a new claim over no record or an earlier attempt's. Past ``deadline()``
+    (``time.monotonic()``; asked only if the delivery waits), a delivery still waiting is
+    given back (``Seat.give_back``)."""
     begun = _begin(seat, fresh, lease_ms())  # the usual case: one round trip in all
     if begun is None or not begun.leased:
         with seat.waiting():
-            waits = _Waits(seat, deadline)
+            waits = _Waits(seat, deadline())
             _take_lease(seat, waits)
             begun = _begin(seat, fresh, None)
             if begun is None:  # no one-call store, or out of reach: one call each
