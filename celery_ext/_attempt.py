@@ -18,7 +18,9 @@ from typing import Any
 from billiard.exceptions import WorkerLostError
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 
+from celery_ext import _publish_ride as publish_ride
 from celery_ext._budgets import budget_of
+from celery_ext._handoff import broker_driver
 from celery_ext._headers import HEADER, HeaderState, merged
 from celery_ext._inputs import (
     RetryRequested,
@@ -30,6 +32,7 @@ from celery_ext._inputs import (
     task_jitter_sample,
     terminal_error,
 )
+from celery_ext._parking import wants_park
 from celery_ext._retry_send import send_retry
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext._seat import AttemptSeat, logger
@@ -189,10 +192,25 @@ class Delivery(AttemptSeat):
         return record
 
     def hand_off(self, record: JobRecord, decision: Decision) -> None:
-        self.save(record)  # before the publish: the next attempt must find it
+        # The record before the publish (the next attempt must find it): in the MULTI of the
+        # retry's own push, marked handed off, where broker and backend are one Redis
+        # (``_publish_ride``); else alone.
         delay = float(decision.delay or 0.0)
-        self.ending = self.schedule_retry(record, self.exc, countdown=delay,
-                                          not_before=time.time() + delay, decision=decision)
+        not_before = time.time() + delay
+        app = self.task.app
+        riding = broker_driver(app) == "redis" and not wants_park(app, not_before) and \
+            self.store.save_with_publish(handed_off(record), self.queue, first=True)
+        if not riding:
+            self.save(record)
+        try:
+            self.ending = self.schedule_retry(record, self.exc, countdown=delay,
+                                              not_before=not_before, decision=decision)
+        except BaseException:
+            if riding and not publish_ride.finish():
+                self.save(record)  # not published with it: a redelivery must resend it
+            raise
+        if riding:  # a push that went without it: ``schedule_retry``'s last save marks it
+            publish_ride.finish()
 
     def end(self, record: JobRecord, decision: Decision) -> None:
         """Store the terminal record (with the lease's release), report, and keep what

@@ -79,19 +79,24 @@ def pooled_producer(app: Any) -> Iterator[Any]:
         yield producer
 
 
-#: Registry of whether an app's broker confirms publishes (AMQP), found once per app.
-_CONFIRMS_REGISTRY: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+#: Registry of each app's broker transport (kombu's ``driver_type``), found once per app.
+_DRIVERS_REGISTRY: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def broker_driver(app: Any) -> str:
+    """``app``'s broker transport as kombu names it (``redis``, ``amqp``, ``memory``, ...)."""
+    known = _DRIVERS_REGISTRY.get(app)
+    if known is None:
+        with app.connection_for_write() as conn:
+            known = _DRIVERS_REGISTRY[app] = str(conn.transport.driver_type)
+    return known
 
 
 def confirms(app: Any) -> bool:
     """Whether ``app``'s broker transport has publisher confirms (AMQP). Elsewhere (Redis, the
     memory transport) an accepted publish is a written one, and a successor goes through
     the app's own producer pool, as a native retry does."""
-    known = _CONFIRMS_REGISTRY.get(app)
-    if known is None:
-        with app.connection_for_write() as conn:
-            known = _CONFIRMS_REGISTRY[app] = conn.transport.driver_type == "amqp"
-    return known
+    return broker_driver(app) == "amqp"
 
 
 def with_retry(app: Any, fn: Callable[[], T], *, operation: str) -> T:

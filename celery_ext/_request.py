@@ -21,9 +21,10 @@ from celery.worker.request import Request
 from celery.worker.state import task_ready
 
 from celery_ext import _deadletter
+from celery_ext import _publish_ride as publish_ride
 from celery_ext._alerts import dead_lettered
 from celery_ext._deadletter import publish_dead_letter
-from celery_ext._handoff import with_retry
+from celery_ext._handoff import broker_driver, with_retry
 from celery_ext._headers import HeaderState
 from celery_ext._heartbeat import hold
 from celery_ext._parking import restore_delivery_info
@@ -67,8 +68,36 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
         self._requeue_timed_out(timeout)
 
     def _dead_letter(self, exc: JobDeadLettered) -> bool:
-        """Publish the dead letter; ``False`` (logged) if it could not be published."""
+        """Publish the dead letter and mark it in the record; ``False`` (logged) if it could
+        not be published."""
         queue = str(exc.record.extra.get("dead_letter_queue") or "")
+        store = RecordStore(self.task.backend)
+        # The mark rides in the MULTI after the dead letter's push when broker and backend
+        # are one Redis (``_publish_ride``); else it is saved alone below.
+        if broker_driver(self.task.app) == "redis":
+            store.save_with_publish(handed_off(exc.record), queue, first=False)
+        try:
+            published = self._publish_dead_letter(queue, exc)
+        finally:
+            marked = publish_ride.finish()
+        if not published:
+            return False
+        logger.info("%s[%s]: dead-lettered to %r", self.name, self.id, queue)
+        dead_lettered(exc.record, queue)  # the on_dead_letter hooks (ojs_adapters.runtime.alerts)
+        if marked:
+            return True
+        try:  # a redelivery of the original now knows the dead letter landed
+            with_retry(self.task.app, lambda: store.save(handed_off(exc.record)),
+                       operation="write job record")
+        except Exception:
+            count_failure("write job record", "failed")
+            logger.warning("%s[%s]: cannot mark the dead letter in the job record",
+                           self.name, self.id, exc_info=True)
+        return True
+
+    def _publish_dead_letter(self, queue: str, exc: JobDeadLettered) -> bool:
+        """The dead letter, or the original as it came when the full one cannot be
+        published for a reason other than the broker; ``False`` (logged) if neither was."""
         try:
             publish_dead_letter(self.task.app, self._message, queue, exc.record)
         except Exception as error:
@@ -86,16 +115,6 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
                 logger.exception("%s[%s]: could not publish to dead-letter queue %r; "
                                  "requeueing", self.name, self.id, queue)
                 return False
-        logger.info("%s[%s]: dead-lettered to %r", self.name, self.id, queue)
-        dead_lettered(exc.record, queue)  # the on_dead_letter hooks (ojs_adapters.runtime.alerts)
-        store = RecordStore(self.task.backend)
-        try:  # a redelivery of the original now knows the dead letter landed
-            with_retry(self.task.app, lambda: store.save(handed_off(exc.record)),
-                       operation="write job record")
-        except Exception:
-            count_failure("write job record", "failed")
-            logger.warning("%s[%s]: cannot mark the dead letter in the job record",
-                           self.name, self.id, exc_info=True)
         return True
 
     def _requeue_timed_out(self, timeout: Any) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 from celery.backends.base import BaseKeyValueStoreBackend, DisabledBackend
 from celery.backends.rpc import RPCBackend
 
+from celery_ext._publish_ride import attach as ride_publish
 from celery_ext._result_ride import attach
 from ojs_adapters import JobRecord
 from ojs_adapters.runtime.claims import AdmissionReply, begin_on_redis, claim_of
@@ -138,6 +139,18 @@ class RecordStore:
         key = self.backend.get_key_for_task(record.id, key=RECORD_SUFFIX)
         keys, args = self._save_call(key, record, release)
         return attach(self.backend, record.id, ORDERED_SAVE_LUA, keys, args, save)
+
+    def save_with_publish(self, record: JobRecord, queue: str, *, first: bool) -> bool:
+        """Let this save ride in the ``MULTI`` of this thread's next push to ``queue``, before
+        it (``first``: a retry's record) or after it (a dead letter's mark), when the broker
+        is this backend's Redis (``_publish_ride``). ``False``: it cannot: save it alone.
+        Call ``_publish_ride.finish`` after the publish, to know whether it rode."""
+        if not self.leases:
+            return False
+        key = self.backend.get_key_for_task(record.id, key=RECORD_SUFFIX)
+        keys, args = self._save_call(key, record, None)
+        return ride_publish(self.backend.client, queue, ORDERED_SAVE_LUA, keys, args,
+                            first=first)
 
     def claim(self, key: str, token: str) -> Claim:
         """Claim attempt ``key`` for the copy ``token`` (``ojs_adapters.runtime.handoff.Claim``).

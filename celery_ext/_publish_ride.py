@@ -1,0 +1,113 @@
+"""A record save sent in the same ``MULTI`` as kombu's ``LPUSH`` of a successor, on Redis.
+
+When the broker and the result backend are one Redis server and database, a retry's
+``retryable`` record (already marked handed off) goes in the transaction that pushes the
+retry, before it, and a dead letter's handed-off mark after the push: the record and the
+successor appear together, and the save costs no round trip of its own (docs/cost.md).
+Kombu's Redis ``Channel._put`` is routed through ``_put_riding`` once; a push it does not
+recognise (another queue, a publish batch, an expiring queue, another server) goes the
+native way, and the caller saves the record alone (``finish`` says whether it rode).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ojs_adapters.runtime.group_commit import script_sha
+
+#: The rider of the publish under way in this thread (a registry of one per thread).
+_LOCAL = threading.local()
+#: ``Channel._put`` as kombu defines it, once replaced (``_install``).
+_ORIGINAL: list[Callable[..., Any]] = []
+_INSTALL_LOCK = threading.Lock()
+#: Connection settings that make two Redis clients one server and database.
+_SAME = ("host", "port", "db", "path", "username", "password")
+
+
+class PutRider:
+    """A record save waiting for the next push to ``queue`` in this thread."""
+
+    __slots__ = ("args", "armed", "client", "first", "keys", "lua", "queue", "written")
+
+    def __init__(self, client: Any, queue: str, lua: str, keys: Sequence[Any],
+                 args: Sequence[Any], first: bool) -> None:
+        self.client, self.queue, self.lua, self.keys, self.args = client, queue, lua, keys, args
+        self.first = first  # the save before the push (a retry), else after (a mark)
+        self.armed = True
+        self.written = False
+
+
+def attach(client: Any, queue: str, lua: str, keys: Sequence[Any], args: Sequence[Any], *,
+           first: bool) -> bool:
+    """Let the script ``lua`` ride on this thread's next push to ``queue`` through a kombu
+    Redis channel; ``False`` if kombu's Redis transport is not in use (save alone)."""
+    if not _install():
+        return False
+    _LOCAL.rider = PutRider(client, queue, lua, keys, args, first)
+    return True
+
+
+def finish() -> bool:
+    """Disarm this thread's rider; whether its save went in with the push."""
+    rider: PutRider | None = getattr(_LOCAL, "rider", None)
+    _LOCAL.rider = None
+    return rider is not None and rider.written
+
+
+def _install() -> bool:
+    """Route kombu's ``Channel._put`` through ``_put_riding`` (once); whether it is."""
+    module = sys.modules.get("kombu.transport.redis")
+    channel = getattr(module, "Channel", None)
+    if channel is None:
+        return False
+    if not _ORIGINAL:
+        with _INSTALL_LOCK:
+            if not _ORIGINAL:
+                original = channel._put
+                _ORIGINAL.append(original)
+                if list(inspect.signature(original).parameters) != [
+                        "self", "queue", "message", "kwargs"]:
+                    return False  # a kombu we do not know: never ride
+                channel._put = _put_riding
+    return bool(channel._put is _put_riding)
+
+
+def _put_riding(self: Any, queue: str, message: Any, **kwargs: Any) -> None:
+    """kombu's ``_put``, with this thread's rider in a ``MULTI`` around the ``LPUSH`` when it
+    waits for ``queue`` on this server; the push's error raises as it would."""
+    rider: PutRider | None = getattr(_LOCAL, "rider", None)
+    if rider is None or not rider.armed or rider.queue != queue or \
+            kwargs.get("_publish_batch") is not None or \
+            (self._expires and queue in self._expires) or not _same_server(self, rider.client):
+        _ORIGINAL[0](self, queue, message, **kwargs)
+        return
+    from kombu.utils.json import dumps
+
+    rider.armed = False  # one try: a push tried again goes alone (then the caller saves)
+    key = self.global_keyprefix + self._q_for_pri(
+        queue, self._get_message_priority(message, reverse=False))
+    with rider.client.pipeline(transaction=True) as pipe:
+        if rider.first:
+            pipe.evalsha(script_sha(rider.lua), len(rider.keys), *rider.keys, *rider.args)
+        pipe.lpush(key, dumps(message))  # type: ignore[no-untyped-call]
+        if not rider.first:
+            pipe.evalsha(script_sha(rider.lua), len(rider.keys), *rider.keys, *rider.args)
+        replies = pipe.execute(raise_on_error=False)
+    pushed, saved = (replies[1], replies[0]) if rider.first else (replies[0], replies[1])
+    if isinstance(pushed, Exception):
+        raise pushed
+    rider.written = not isinstance(saved, Exception)  # NOSCRIPT, say: the caller saves
+
+
+def _same_server(channel: Any, client: Any) -> bool:
+    """Whether kombu's ``channel`` talks to the server and database of ``client``."""
+    try:
+        theirs = channel.pool.connection_kwargs
+        ours = client.connection_pool.connection_kwargs
+    except AttributeError:
+        return False
+    return all(theirs.get(name) == ours.get(name) for name in _SAME)

@@ -1,0 +1,128 @@
+"""A retry's record and a dead letter's mark ride in the MULTI of the successor's push (Redis)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from kombu import Queue
+
+from celery_ext import _publish_ride
+from celery_ext.records import RecordStore
+from ojs_adapters import JobRecord
+from ojs_adapters.history import ErrorEntry
+from ojs_adapters.runtime.handoff import HANDED_OFF, handed_off
+from tests.celery_ext.conftest import Env
+from tests.celery_ext.support import wait_for
+
+
+@pytest.fixture
+def app(redis_url: str) -> Iterator[Celery]:
+    prefix = f"ojs-test-putride-{uuid.uuid4().hex[:8]}:"
+    app = Celery("putride", broker=redis_url, backend=redis_url, set_as_current=False)
+    app.conf.update(broker_transport_options={"global_keyprefix": prefix},
+                    result_backend_transport_options={"global_keyprefix": prefix})
+    yield app
+    client = app.backend.client
+    for key in client.scan_iter(match=f"{prefix}*"):
+        client.delete(key)
+    for key in client.scan_iter(match="celery-task-meta-putride-*"):
+        client.delete(key)
+
+
+def _push(app: Celery, queue: str) -> None:
+    with app.producer_or_acquire() as producer:
+        producer.publish({"n": 1}, exchange="", routing_key=queue,
+                         declare=[Queue(queue, routing_key=queue)], retry=False)
+
+
+def _retryable(task_id: str) -> JobRecord:
+    entry = ErrorEntry(1, "HANDLER_ERROR", "ValueError", "boom", "2026-11-26T00:00:00Z")
+    record = JobRecord(task_id, "t", "q", 3).started(1)
+    return handed_off(record.failed(entry, action="retry", delay=1.0))
+
+
+def _queued(app: Celery, queue: str) -> int:
+    prefix = app.conf.broker_transport_options["global_keyprefix"]
+    return int(app.backend.client.llen(prefix + queue))
+
+
+def _no_save_alone(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    alone: list[str] = []
+    real = RecordStore._redis_save
+
+    def counted(self: Any, key: str, record: JobRecord, *args: Any) -> None:
+        alone.append(record.id)
+        real(self, key, record, *args)
+
+    monkeypatch.setattr(RecordStore, "_redis_save", counted)
+    return alone
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("first", [True, False], ids=["retry-record-first", "mark-after"])
+def test_the_save_goes_in_the_transaction_of_the_push(app: Celery, first: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    alone = _no_save_alone(monkeypatch)
+    store, queue, task_id = RecordStore(app.backend), f"q-{uuid.uuid4().hex[:6]}", "putride-1"
+    record = _retryable(task_id)
+    assert store.save_with_publish(record, queue, first=first)
+    _push(app, queue)
+    assert _publish_ride.finish(), "the save did not ride"
+    stored = store.load(task_id)
+    assert stored is not None and stored.state == "retryable"
+    assert stored.extra[HANDED_OFF] == f"{task_id}:2"
+    assert _queued(app, queue) == 1
+    assert alone == []
+
+
+@pytest.mark.broker
+def test_a_push_to_another_queue_leaves_the_save_to_the_caller(app: Celery) -> None:
+    store, queue = RecordStore(app.backend), f"q-{uuid.uuid4().hex[:6]}"
+    assert store.save_with_publish(_retryable("putride-2"), queue, first=True)
+    _push(app, f"{queue}-other")
+    assert not _publish_ride.finish()
+    assert store.load("putride-2") is None
+    assert _queued(app, f"{queue}-other") == 1
+
+
+@pytest.mark.broker
+def test_records_in_another_database_never_ride(app: Celery, redis_url: str) -> None:
+    other = Celery("putride", broker=redis_url, backend=redis_url.rsplit("/", 1)[0] + "/1",
+                   set_as_current=False)
+    store, queue = RecordStore(other.backend), f"q-{uuid.uuid4().hex[:6]}"
+    assert store.save_with_publish(_retryable("putride-3"), queue, first=True)
+    _push(app, queue)
+    assert not _publish_ride.finish()
+    assert store.load("putride-3") is None
+    assert _queued(app, queue) == 1
+
+
+@pytest.mark.broker
+def test_a_worker_writes_no_record_alone_on_retries_and_dead_letters(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Redis every record write of a retried or dead-lettered job rides: admission's
+    script, the retry's push, Celery's result writes, the dead letter's push."""
+    alone = _no_save_alone(monkeypatch)
+    queue, scripted = env.take_queue(), env.tasks["scripted"]
+    retried = scripted.apply_async((["raise:value", "ok"],), queue=queue)
+    dead = scripted.apply_async((["raise:value"],), queue=queue,
+                                retry_policy={"max_attempts": 2, "on_exhaustion": "dead_letter"})
+    store = RecordStore(env.app.backend)
+
+    def both_ended() -> list[JobRecord] | None:
+        found = [store.load(retried.id), store.load(dead.id)]
+        ended = [r for r in found if r is not None and (
+            r.state == "completed" or (r.state == "discarded" and r.extra.get(HANDED_OFF)))]
+        return ended if len(ended) == 2 else None
+
+    done = wait_for(both_ended, timeout=20)
+    assert [r.state for r in done] == ["completed", "discarded"]
+    assert [e.attempt for e in done[1].errors] == [1, 2] and done[1].dead_lettered
+    if env.name == "redis":
+        assert alone == [], "a record was written in a round trip of its own"
+    elif env.name == "amqp":  # publisher confirms: the retry's record goes first, alone
+        assert retried.id in alone
