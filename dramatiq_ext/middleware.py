@@ -56,6 +56,8 @@ __all__ = ["ACTOR_OPTIONS", "DeadLettered", "JitterSource", "JobDeadLettered", "
 _STARTED = "_ojs_started_record"
 #: Where it leaves the POSIX time the attempt started.
 _STARTED_AT = "_ojs_started_at"
+#: Where the hooks keep the delivery's ``MessageState``, read once.
+_STATE = "_ojs_state"
 
 
 class OjsRetries(RetriesSettings):
@@ -92,7 +94,7 @@ class OjsRetries(RetriesSettings):
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         started = time.monotonic()  # TimeLimit (before us in the list) started just now
         self._take_retries_slot(broker)
-        state = MessageState.of(message.options)
+        state = _state_of(message)
         if state.dead_letter:  # the hop to the dead-letter queue: fail it, never run it
             if self._claim_step(broker, message, state, "dead_letter") == "other":
                 raise AttemptConsumed("a second copy of a dead letter: dropped")
@@ -167,7 +169,7 @@ class OjsRetries(RetriesSettings):
             if dead is not None:  # dead-lettered in place before the worker stuffed this
                 message.stuff_exception(dead)
             return
-        state = MessageState.of(message.options)
+        state = _state_of(message)
         policy = self._policy(broker, message)
         # The record this delivery wrote as it started (no store read); else read it.
         record = vars(message).pop(_STARTED, None) or \
@@ -185,7 +187,7 @@ class OjsRetries(RetriesSettings):
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         clear_current_job()
-        state = MessageState.of(message.options)
+        state = _state_of(message)
         if state.dead_letter and message.failed:
             failed_to_dead_letters(message, state, self.logger)
 
@@ -193,7 +195,7 @@ class OjsRetries(RetriesSettings):
         pending: Pending | None = vars(message).get(PENDING)
         if pending is not None:
             failed = message.failed
-            outcome = self._outcome(broker, message, MessageState.of(message.options),
+            outcome = self._outcome(broker, message, _state_of(message),
                                     self._policy(broker, message))
             if not outcome.settle_held(pending):
                 raise HandoffPending(f"successor of {message.message_id} not accepted; "
@@ -246,6 +248,14 @@ class OjsRetries(RetriesSettings):
         except OjsBackendError:
             return None
         return claimed
+
+
+def _state_of(message: MessageProxy) -> MessageState:
+    """This delivery's OJS state, read once per delivery (its options do not change)."""
+    state: MessageState | None = vars(message).get(_STATE)
+    if state is None:
+        state = vars(message)[_STATE] = MessageState.of(message.options)
+    return state
 
 
 def _failure_of(exception: BaseException) -> Failure:
