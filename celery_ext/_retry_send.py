@@ -6,6 +6,7 @@ by their claims; a long countdown is parked on the broker (``_parking``, RET-11)
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,11 @@ from celery_ext._parking import parking_producer, wants_park
 from ojs_adapters.errors import OjsBackendError
 from ojs_adapters.runtime.delivery import Unpublished
 
+#: ``SENDING.retry`` is the task id whose retry ``send_retry`` publishes in this thread:
+#: ``OjsTask.apply_async`` passes that send through (its ``ojs`` header is built already;
+#: reading it again costs each retry). Another send meanwhile (a signal handler's) is not it.
+SENDING = threading.local()
+
 
 def send_retry(task: Any, exc: BaseException, *, countdown: float, not_before: float,
                queue: str, max_retries: int | None, headers: Mapping[str, Any]) -> Retry:
@@ -35,6 +41,7 @@ def send_retry(task: Any, exc: BaseException, *, countdown: float, not_before: f
     ``Unpublished`` if it cannot be published for another reason (every try would fail)."""
 
     def publish(producer: Any) -> Retry:
+        SENDING.retry = task.request.id
         try:
             Task.retry(task, exc=exc, countdown=countdown, max_retries=max_retries,
                        retry=False, producer=producer,
@@ -46,6 +53,8 @@ def send_retry(task: Any, exc: BaseException, *, countdown: float, not_before: f
             if isinstance(reason, NOT_THE_BROKER):  # a KombuError, yet no broker's
                 raise Unpublishable(reason) from reason
             raise reason if isinstance(reason, Exception) else rejected from None
+        finally:
+            SENDING.retry = None
         raise AssertionError("Task.retry returned")  # pragma: no cover - it always raises
 
     def once() -> Retry:

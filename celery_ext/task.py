@@ -24,6 +24,7 @@ from celery_ext._eager_warnings import warn_eager_once, warn_not_eager_once
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._parking import install as install_parking
 from celery_ext._policy import reject_celery_retry_options, task_policy
+from celery_ext._retry_send import SENDING
 from celery_ext.exceptions import JobDiscarded
 from ojs_adapters import (
     JobContext,
@@ -140,7 +141,7 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
         the ``ojs`` header as the full effective policy, with the job's
         ``idempotency_key`` (the caller's, else a new UUID v4; a retry keeps its own).
         """
-        if self.native:
+        if self.native or (task_id is not None and task_id == getattr(SENDING, "retry", None)):
             if retry_policy is not None:
                 options["retry_policy"] = retry_policy
             return super().apply_async(args, kwargs, task_id, producer, link, link_error,
