@@ -67,8 +67,8 @@ def restore_delivery_info(message: Any, app: Any) -> None:
     if not isinstance(info, dict):
         return
     exchange, key = str(info.get("exchange") or ""), str(info.get("routing_key") or "")
-    if not exchange.startswith(f"{levels_of(prefix_of(app)).base}_"):
-        return
+    if not exchange or not exchange.startswith(f"{levels_of(prefix_of(app)).base}_"):
+        return  # the default exchange (most deliveries): no settings read
     bits = _BITS.match(key)
     if bits is not None and key[bits.end():]:
         info["exchange"], info["routing_key"] = "", key[bits.end():]
