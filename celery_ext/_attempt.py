@@ -33,6 +33,7 @@ from celery_ext._inputs import (
     terminal_error,
 )
 from celery_ext._parking import wants_park
+from celery_ext._result_ride import arm_peek, drop_peek
 from celery_ext._retry_send import send_retry
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext._seat import AttemptSeat, logger
@@ -82,6 +83,7 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
         except Exception as exc:
             raise run.fail(exc, exc)  # noqa: B904
         run.save(run.fresh.completed(), last=True)
+        arm_peek()  # Celery's read before it stores SUCCESS: answered from admission
         return result
     finally:
         # The outcome is stored: the next delivery (a requeue after a failed hand-off,
@@ -192,6 +194,7 @@ class Delivery(AttemptSeat):
         return record
 
     def hand_off(self, record: JobRecord, decision: Decision) -> None:
+        drop_peek()  # the retry may finish before Celery stores RETRY: that read goes to Redis
         # The record before the publish (the next attempt must find it): in the MULTI of the
         # retry's own push, marked handed off, where broker and backend are one Redis
         # (``_publish_ride``); else alone.
@@ -218,6 +221,7 @@ class Delivery(AttemptSeat):
         self.save(record, last=True)
         self.report(decision)
         self.ending = terminal_error(self.task, record, self.exc)
+        arm_peek()  # no successor: Celery's read before it stores FAILURE, from admission
 
     def report(self, decision: Decision) -> None:
         """Hand the decision to the instrumentation hooks, once (a resend does not report)."""

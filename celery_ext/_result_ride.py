@@ -1,4 +1,5 @@
-"""An attempt's last record save, sent in the same ``MULTI`` as Celery's own result write.
+"""An attempt's last record save, sent in the same ``MULTI`` as Celery's own result write;
+and the read before that write, answered from admission.
 
 On the Redis result backend Celery writes every outcome (SUCCESS, RETRY, FAILURE)
 as ``MULTI SETEX PUBLISH EXEC`` (``RedisBackend._set``) before the message is acked.
@@ -8,6 +9,14 @@ result without the record. When the result is not written (``ignore_result``, a
 result already stored, the transaction retried by ``ensure``) the ``task_postrun``
 signal, which the tracer sends in the same thread before the ack, saves it the usual
 way. ``RedisBackend`` subclasses that override ``_set`` never ride.
+
+Before it stores an outcome Celery reads the task's result meta (``GET``), so as never to
+overwrite a SUCCESS. Admission read that key in its own script (``peek``): nothing but
+this delivery writes the meta of its attempt (claims and leases keep every other delivery
+out, and no successor exists before a retry is handed off), so the store of a success or a
+terminal failure takes that value instead of a round trip (``arm_peek``). Any other read of
+the key during the attempt spoils the peek (Redis answers from then on); a retry's store
+never uses it (its successor may have finished first).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from ojs_adapters.runtime.group_commit import script_sha
 _LOCAL = threading.local()
 #: ``RedisBackend._set`` as Celery defines it, once replaced (``_install``).
 _ORIGINAL: list[Callable[..., Any]] = []
+#: ``RedisBackend.get`` as Celery defines it, once replaced (``_install``).
+_ORIGINAL_GET: list[Callable[..., Any]] = []
 _INSTALL_LOCK = threading.Lock()
 
 
@@ -41,6 +52,43 @@ class Rider:
         self.written = False
 
 
+class Peek:
+    """The result meta ``key`` held as admission read it (``value``), for one later read."""
+
+    __slots__ = ("armed", "key", "spoiled", "value")
+
+    def __init__(self, key: Any, value: Any) -> None:
+        self.key, self.value = key, value
+        self.armed = False  # the next read of ``key`` in this thread takes ``value``
+        self.spoiled = False  # ``key`` was read meanwhile: Redis answers from now on
+
+
+def meta_key(backend: Any, task_id: str) -> Any | None:
+    """The result meta key of ``task_id`` when ``backend`` can answer from a peek, else
+    ``None`` (not the Redis backend, or one whose ``get`` is its own)."""
+    if not _install(backend) or type(backend).get is not _get_peeking:
+        return None
+    return backend.get_key_for_task(task_id)
+
+
+def peek(key: Any, value: Any) -> None:
+    """What admission read at ``key`` (``meta_key``), kept for this thread's attempt."""
+    _LOCAL.peek = Peek(key, value)
+
+
+def arm_peek() -> None:
+    """The attempt ended in success or a terminal failure, with no successor: the next
+    read of its meta (Celery's, before it stores the outcome) takes the peeked value."""
+    kept: Peek | None = getattr(_LOCAL, "peek", None)
+    if kept is not None and not kept.spoiled:
+        kept.armed = True
+
+
+def drop_peek() -> None:
+    """Forget the peek (a retry was handed off, or the attempt is over)."""
+    _LOCAL.peek = None
+
+
 def attach(backend: Any, task_id: str, lua: str, keys: Sequence[Any], args: Sequence[Any],
            save: Callable[[], None]) -> bool:
     """Let the save ride on ``task_id``'s next result write; ``False``: save it now."""
@@ -54,6 +102,7 @@ def finish() -> None:
     """Save the rider of this thread the usual way unless its result write carried it."""
     rider: Rider | None = getattr(_LOCAL, "rider", None)
     _LOCAL.rider = None
+    _LOCAL.peek = None
     if rider is not None and not rider.written:
         rider.save()
 
@@ -80,8 +129,21 @@ def _install(backend: Any) -> bool:
                     _ORIGINAL.append(original)  # a Celery we do not know: never ride
                     return False
                 _ORIGINAL.append(original)
+                _ORIGINAL_GET.append(redis_backend.get)
                 redis_backend._set = _set_riding
+                redis_backend.get = _get_peeking
     return redis_backend._set is _set_riding and type(backend)._set is _set_riding
+
+
+def _get_peeking(self: Any, key: Any) -> Any:
+    """``RedisBackend.get``, answered by this thread's armed peek of ``key`` (once)."""
+    kept: Peek | None = getattr(_LOCAL, "peek", None)
+    if kept is not None and kept.key == key:
+        _LOCAL.peek = None if kept.armed else kept
+        if kept.armed:
+            return kept.value
+        kept.spoiled = True
+    return _ORIGINAL_GET[0](self, key)
 
 
 def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:

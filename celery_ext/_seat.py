@@ -16,6 +16,7 @@ from celery.exceptions import Reject
 
 from celery_ext._handoff import TOKEN_HEADER, new_token, replay_round, with_retry
 from celery_ext._headers import HeaderState
+from celery_ext._result_ride import meta_key, peek
 from celery_ext.records import RecordStore
 from ojs_adapters import JobRecord
 from ojs_adapters.runtime.admission import wait_limit
@@ -54,9 +55,15 @@ class AttemptSeat:
 
     def begin(self, fresh: JobRecord | None, lease_ms: int | None) -> AdmissionReply | None:
         assert fresh is not None  # a Celery attempt always writes its ``active`` record
-        return with_retry(self.task.app, lambda: self.store.begin(
-            self.claim_key(), self.token(), fresh, lease_ms=lease_ms),
+        # The task's result meta is read in the same call: Celery reads it again before it
+        # stores the outcome, and ``_result_ride.peek`` answers that read (no round trip).
+        meta = meta_key(self.task.backend, self.request.id)
+        reply: AdmissionReply | None = with_retry(self.task.app, lambda: self.store.begin(
+            self.claim_key(), self.token(), fresh, lease_ms=lease_ms, peek=meta),
             operation="claim attempt")
+        if reply is not None and meta is not None and reply.leased:
+            peek(meta, reply.peeked)
+        return reply
 
     def lease(self, ttl_ms: int) -> bool | None:
         return with_retry(self.task.app, lambda: lease(self.store, self.claim_key(),

@@ -170,13 +170,13 @@ class RecordStore:
         return "new" if held is None else claim_of(held, token)
 
     def begin(self, key: str, token: str, started: JobRecord, *,
-              lease_ms: int | None = None) -> AdmissionReply | None:
+              lease_ms: int | None = None, peek: str | None = None) -> AdmissionReply | None:
         """``claim`` and ``load`` in one round trip on the Redis backend, saving
         ``started`` when the claim is new and the stored record (if any) is of an
         earlier attempt; ``None`` on other backends (then one call each).
         The returned ``AdmissionReply.record`` is the record as it was before. With
         ``lease_ms``, the attempt's lease is taken for ``token`` first, in the same call
-        (``AdmissionReply.leased``)."""
+        (``AdmissionReply.leased``), and the value of key ``peek`` read with it."""
         client = self._redis_client()
         if client is None:
             return None
@@ -187,7 +187,7 @@ class RecordStore:
             token=token, claim_ttl_ms=self._claim_ttl() * 1000, started=started.to_json(),
             record_ttl_ms=int(expires * 1000) if expires else None, attempt=started.attempt,
             lease_key=None if lease_ms is None else self.backend.get_key_for_task(
-                key, key=LEASE_SUFFIX), lease_ttl_ms=lease_ms or 0)
+                key, key=LEASE_SUFFIX), lease_ttl_ms=lease_ms or 0, peek_key=peek)
 
     def lease(self, key: str, holder: str, ttl: int) -> bool | None:
         """Take or renew the lease on attempt ``key`` for delivery ``holder``, for ``ttl`` ms

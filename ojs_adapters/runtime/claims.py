@@ -28,12 +28,16 @@ from ojs_adapters.runtime.handoff import Claim
 # write only when no record exists; else also over a record of an earlier attempt),
 # ARGV[6] the lease holder and ARGV[7] its TTL (ms), with KEYS[3]. A lease held by
 # another holder stops the script before the claim: the delivery waits (``leases``).
+# KEYS[4] (optional, with KEYS[3]) is a key whose value the reply carries besides (Celery's
+# result meta, ``AdmissionReply.peeked``).
 _ADMIT_LUA = """
 if #KEYS > 2 then
   local holder = redis.call('GET', KEYS[3])
-  if holder and holder ~= ARGV[6] then return {0, false, false, 0, 0} end
+  if holder and holder ~= ARGV[6] then return {0, false, false, 0, 0, false} end
   redis.call('SET', KEYS[3], ARGV[6], 'PX', ARGV[7])
 end
+local peeked = false
+if #KEYS > 3 then peeked = redis.call('GET', KEYS[4]) end
 local claimed = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
 local held = false
 if not claimed then held = redis.call('GET', KEYS[1]) end
@@ -55,7 +59,7 @@ if claimed and ARGV[3] ~= '' then
     wrote = 1
   end
 end
-return {claimed and 1 or 0, held, record, wrote, 1}
+return {claimed and 1 or 0, held, record, wrote, 1, peeked}
 """
 
 
@@ -68,6 +72,7 @@ class AdmissionReply(NamedTuple):
     record: bytes | str | None
     wrote: bool
     leased: bool | None = None
+    peeked: bytes | str | None = None  # the value of ``peek_key``, read in the same call
 
 
 def record_of(raw: bytes | str | None) -> JobRecord | None:
@@ -95,7 +100,7 @@ def claim_of(held: str | bytes, token: str) -> Claim:
 def begin_on_redis(client: Any, *, claim_key: str, record_key: str, token: str,
                    claim_ttl_ms: int, started: str | None, record_ttl_ms: int | None,
                    attempt: int | None = None, lease_key: str | None = None,
-                   lease_ttl_ms: int = 0) -> AdmissionReply:
+                   lease_ttl_ms: int = 0, peek_key: str | None = None) -> AdmissionReply:
     """Claim ``claim_key`` for ``token`` and read ``record_key``, atomically.
 
     ``started`` (a record's JSON) is written when the claim is new and no record
@@ -103,13 +108,16 @@ def begin_on_redis(client: Any, *, claim_key: str, record_key: str, token: str,
     exactly when ``judge_delivery`` would say "run" and the adapter would write it.
     With ``lease_key``, the attempt's lease is taken for ``token`` first, in the same
     round trip (``ojs_adapters.runtime.leases``): a delivery's whole admission is one call.
+    With a lease, ``peek_key``'s value comes back too (``AdmissionReply.peeked``).
     """
     keys, args = [claim_key, record_key], [token, claim_ttl_ms, started or "",
                                            record_ttl_ms or "", "" if attempt is None else attempt]
     if lease_key is not None:
         keys.append(lease_key)
         args.extend([token, lease_ttl_ms])
-    claimed, held, record, wrote, leased = run_script(client, _ADMIT_LUA, keys, args)
+        if peek_key is not None:
+            keys.append(peek_key)
+    claimed, held, record, wrote, leased, peeked = run_script(client, _ADMIT_LUA, keys, args)
     lease = None if lease_key is None else bool(leased)
     if lease is False:
         return AdmissionReply("other", None, False, False)
@@ -120,8 +128,8 @@ def begin_on_redis(client: Any, *, claim_key: str, record_key: str, token: str,
     if not claimed and _text(held) == token and started and _text(record) == started:
         # This delivery's own claim and start, written by a call whose reply was lost:
         # as that call would have answered (else the start looks like a lost worker's).
-        return AdmissionReply("new", None, True, lease)
-    return AdmissionReply(claim, record, bool(wrote), lease)
+        return AdmissionReply("new", None, True, lease, peeked)
+    return AdmissionReply(claim, record, bool(wrote), lease, peeked)
 
 
 def _text(raw: bytes | str | None) -> str | None:

@@ -126,3 +126,32 @@ def test_a_worker_writes_no_record_alone_on_retries_and_dead_letters(
         assert alone == [], "a record was written in a round trip of its own"
     elif env.name == "amqp":  # publisher confirms: the retry's record goes first, alone
         assert retried.id in alone
+
+
+@pytest.mark.broker
+def test_a_worker_reads_no_result_meta_before_storing_an_outcome(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admission read each attempt's result meta; the SUCCESS and FAILURE stores take it
+    (``_result_ride.peek``). A RETRY store reads Redis: its successor may have finished."""
+    from celery_ext import _result_ride
+
+    if env.name != "redis":
+        pytest.skip("the peek is read with admission's script, on the Redis backend")
+    queue, scripted = env.take_queue(), env.tasks["scripted"]
+    scripted.apply_async((["ok"],), queue=queue).get(timeout=10)  # the worker is warm
+    reads: list[Any] = []
+    real = _result_ride._ORIGINAL_GET[0]
+    monkeypatch.setattr(_result_ride, "_ORIGINAL_GET",
+                        [lambda self, key: reads.append(key) or real(self, key)])
+    done = scripted.apply_async((["ok"],), queue=queue)
+    retried = scripted.apply_async((["raise:value", "ok"],), queue=queue)
+    dead = scripted.apply_async((["raise:value"],), queue=queue,
+                                retry_policy={"max_attempts": 1, "on_exhaustion": "dead_letter"})
+    store = RecordStore(env.app.backend)
+    wait_for(lambda: all((r := store.load(t.id)) is not None and r.state in (
+        "completed", "discarded") for t in (done, retried, dead)), timeout=20)
+    wait_for(lambda: env.app.backend.client.get(env.app.backend.get_key_for_task(dead.id)),
+             timeout=10)
+    metas = {env.app.backend.get_key_for_task(t.id): t for t in (done, retried, dead)}
+    read = [metas[key] for key in reads if key in metas]
+    assert read == [retried], "only the RETRY store reads the meta from Redis"

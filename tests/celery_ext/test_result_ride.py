@@ -71,3 +71,36 @@ def test_other_backends_do_not_ride() -> None:
     app = Celery("ride-cache", broker="memory://", backend="cache+memory://")
     assert not RecordStore(app.backend).save_with_result(
         JobRecord("x", "t", "q", 3).started(1), None, lambda: None)
+
+
+def test_an_armed_peek_answers_the_read_before_the_store_once(
+        backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admission read the result meta: Celery's read before storing SUCCESS takes it."""
+    task_id = uuid.uuid4().hex
+    key = _result_ride.meta_key(backend, task_id)
+    assert key is not None
+    backend.store_result(task_id, 1, states.STARTED)  # what admission saw
+    _result_ride.peek(key, backend.client.get(key))
+    _result_ride.arm_peek()
+    reads: list[Any] = []
+    real = _result_ride._ORIGINAL_GET[0]
+    monkeypatch.setattr(_result_ride, "_ORIGINAL_GET",
+                        [lambda self, k: reads.append(k) or real(self, k)])
+    backend.store_result(task_id, 42, states.SUCCESS)
+    assert reads == [], "the store read the meta from Redis"
+    assert backend.get_task_meta(task_id)["result"] == 42
+    assert reads == [key], "a peek answers one read only"
+    _result_ride.finish()
+
+
+def test_a_read_of_the_meta_during_the_attempt_spoils_the_peek(
+        backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body stored SUCCESS itself (``update_state``): Celery's own check must see it."""
+    task_id = uuid.uuid4().hex
+    key = _result_ride.meta_key(backend, task_id)
+    _result_ride.peek(key, None)
+    backend.store_result(task_id, "mine", states.SUCCESS)  # reads the key: spoiled
+    _result_ride.arm_peek()
+    backend.store_result(task_id, "late", states.SUCCESS)  # Celery keeps the first SUCCESS
+    assert backend.get_task_meta(task_id)["result"] == "mine"
+    _result_ride.finish()

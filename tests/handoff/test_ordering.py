@@ -148,7 +148,7 @@ def test_a_begin_retried_after_a_lost_reply_still_starts_the_attempt(redis_url: 
                                started=started, record_ttl_ms=10_000)
     finally:
         client.delete(*keys.values())
-    assert [tuple(c) for c in calls] == [("new", None, True, None)] * 2
+    assert [tuple(c) for c in calls] == [("new", None, True, None, None)] * 2
     assert (other.claim, other.wrote) == ("mine", False)  # another delivery: a crash, maybe
 
 
@@ -173,7 +173,7 @@ def test_admission_takes_the_lease_in_the_same_call(redis_url: str) -> None:
         lease_ttl = client.pttl(keys["lease_key"])
     finally:
         client.delete(*keys.values())
-    assert [tuple(c) for c in calls] == [("new", None, True, True)] * 2
+    assert [tuple(c) for c in calls] == [("new", None, True, True, None)] * 2
     assert (other.leased, other.wrote, other.record) == (False, False, None)
     assert claim_after == b"sent|d1"  # the waiting delivery claimed nothing
     assert 0 < lease_ttl <= 6_000
