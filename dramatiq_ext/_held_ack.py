@@ -18,6 +18,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.errors import BrokerConnectionError
 from dramatiq.middleware import MiddlewareError
 
+from dramatiq_ext._ack_ride import rides, stash
 from dramatiq_ext._alerts import dead_lettered
 from dramatiq_ext._handoff import Publisher
 from dramatiq_ext._records import Records
@@ -105,7 +106,12 @@ class AckGate:
 
     def save_before_ack(self, message: MessageProxy, record: JobRecord) -> None:
         """Save an attempt's final record; if the store is down, hold the ack until it is
-        saved: a redelivered original (its ack lost too) must know the attempt ended."""
+        saved: a redelivered original (its ack lost too) must know the attempt ended. On a
+        ``RedisBroker`` holding the records it is saved with the ack, in one transaction
+        (``_ack_ride``)."""
+        if rides(self.broker, self.records.store):
+            stash(message, record)
+            return
         if not self.records.save(record):
             vars(message)[PENDING] = Pending(None, None, {}, record, mark=False)
 

@@ -19,6 +19,7 @@ from dramatiq.errors import Retry
 from dramatiq.middleware import SkipMessage
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
+from dramatiq_ext import _ack_ride as ack_ride
 from dramatiq_ext._context import clear_current_job, set_current_job
 from dramatiq_ext._held_ack import PENDING, AckGate, HandoffPending, Pending
 from dramatiq_ext._lease import (
@@ -203,6 +204,7 @@ class OjsRetries(RetriesSettings):
             if message.failed and not failed:  # failed into .XQ instead: Dramatiq chose
                 # the ack already; on this error it waits, looks again, and nacks.
                 raise HandoffPending(f"{message.message_id} dead-lettered; nack, not ack")
+        ack_ride.arm(broker, message, self.store_for(broker))  # a stashed record goes with it
         LEASE_RENEWER.drop(vars(message).pop(LEASED, ""))  # the outcome is stored: let it lapse
 
     before_nack = before_ack
