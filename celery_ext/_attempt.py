@@ -82,8 +82,10 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
             raise run.fail(describe_failure(exc, catalog_code="HANDLER_TIMEOUT"), exc)  # noqa: B904
         except Exception as exc:
             raise run.fail(exc, exc)  # noqa: B904
+        held = run.lease_alive()  # asked before the last save lets the lease go
         run.save(run.fresh.completed(), last=True)
-        arm_peek()  # Celery's read before it stores SUCCESS: answered from admission
+        if held:
+            arm_peek()  # Celery's read before it stores SUCCESS: answered from admission
         return result
     finally:
         # The outcome is stored: the next delivery (a requeue after a failed hand-off,
@@ -202,7 +204,7 @@ class Delivery(AttemptSeat):
         not_before = time.time() + delay
         app = self.task.app
         riding = broker_driver(app) == "redis" and not wants_park(app, not_before) and \
-            self.store.save_with_publish(handed_off(record), self.queue, first=True)
+            self.store.save_with_publish(app, handed_off(record), self.queue, first=True)
         if not riding:
             self.save(record)
         try:
@@ -218,10 +220,12 @@ class Delivery(AttemptSeat):
     def end(self, record: JobRecord, decision: Decision) -> None:
         """Store the terminal record (with the lease's release), report, and keep what
         makes ``OjsRequest`` dead-letter or end the job (``_inputs.terminal_error``)."""
+        held = self.lease_alive()  # asked before the last save lets the lease go
         self.save(record, last=True)
         self.report(decision)
         self.ending = terminal_error(self.task, record, self.exc)
-        arm_peek()  # no successor: Celery's read before it stores FAILURE, from admission
+        if held:
+            arm_peek()  # no successor: Celery's read before it stores FAILURE, from admission
 
     def report(self, decision: Decision) -> None:
         """Hand the decision to the instrumentation hooks, once (a resend does not report)."""

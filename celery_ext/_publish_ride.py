@@ -4,9 +4,9 @@ When the broker and the result backend are one Redis server and database, a retr
 ``retryable`` record (already marked handed off) goes in the transaction that pushes the
 retry, before it, and a dead letter's handed-off mark after the push: the record and the
 successor appear together, and the save costs no round trip of its own (docs/cost.md).
-Kombu's Redis ``Channel._put`` is routed through ``_put_riding`` once; a push it does not
-recognise (another queue, a publish batch, an expiring queue, another server) goes the
-native way, and the caller saves the record alone (``finish`` says whether it rode).
+Kombu's Redis ``Channel._put`` is routed through ``_put_riding`` once. A push it does not
+recognise (another queue, a publish batch, an expiring queue) goes the native way, a
+retry's record saved alone before it; ``finish`` says whether the save rode.
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
-
-from ojs_adapters.runtime.group_commit import script_sha
 
 #: The rider of the publish under way in this thread (a registry of one per thread).
 _LOCAL = threading.local()
 #: ``Channel._put`` as kombu defines it, once replaced (``_install``).
 _ORIGINAL: list[Callable[..., Any]] = []
 _INSTALL_LOCK = threading.Lock()
+#: Registry of ``shares_server``'s answer per app.
+_SHARED_REGISTRY: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 #: Connection settings that make two Redis clients one server and database.
 _SAME = ("host", "port", "db", "path", "username", "password")
 
@@ -41,14 +42,28 @@ class PutRider:
         self.written = False
 
 
-def attach(client: Any, queue: str, lua: str, keys: Sequence[Any], args: Sequence[Any], *,
-           first: bool) -> bool:
-    """Let the script ``lua`` ride on this thread's next push to ``queue`` through a kombu
-    Redis channel; ``False`` if kombu's Redis transport is not in use (save alone)."""
-    if not _install():
+def attach(app: Any, client: Any, queue: str, lua: str, keys: Sequence[Any],
+           args: Sequence[Any], *, first: bool) -> bool:
+    """Let the script ``lua`` ride on this thread's next push to ``queue``; ``False`` (save
+    alone) unless ``app``'s broker is kombu's Redis on the server and database of ``client``."""
+    if not _install() or not shares_server(app, client):
         return False
     _LOCAL.rider = PutRider(client, queue, lua, keys, args, first)
     return True
+
+
+def shares_server(app: Any, client: Any) -> bool:
+    """Whether ``app``'s broker is kombu's Redis transport on ``client``'s server and
+    database (found once per app: both are the app's settings)."""
+    known = _SHARED_REGISTRY.get(app)
+    if known is None:
+        module = sys.modules.get("kombu.transport.redis")
+        with app.connection_for_write() as conn:
+            channel = conn.default_channel
+            known = module is not None and isinstance(channel, module.Channel) and \
+                _same_server(channel, client)
+        _SHARED_REGISTRY[app] = known
+    return known
 
 
 def finish() -> bool:
@@ -78,29 +93,42 @@ def _install() -> bool:
 
 def _put_riding(self: Any, queue: str, message: Any, **kwargs: Any) -> None:
     """kombu's ``_put``, with this thread's rider in a ``MULTI`` around the ``LPUSH`` when it
-    waits for ``queue`` on this server; the push's error raises as it would."""
+    waits for ``queue``; the push's error raises as it would. A save that must come first
+    never follows a push: before any other push of this thread while it waits, it is saved
+    alone."""
     rider: PutRider | None = getattr(_LOCAL, "rider", None)
-    if rider is None or not rider.armed or rider.queue != queue or \
-            kwargs.get("_publish_batch") is not None or \
-            (self._expires and queue in self._expires) or not _same_server(self, rider.client):
+    if rider is None or not rider.armed:
+        _ORIGINAL[0](self, queue, message, **kwargs)
+        return
+    if rider.queue != queue or kwargs.get("_publish_batch") is not None or \
+            (self._expires and queue in self._expires):
+        if rider.first:
+            _save_alone(rider)
         _ORIGINAL[0](self, queue, message, **kwargs)
         return
     from kombu.utils.json import dumps
 
-    rider.armed = False  # one try: a push tried again goes alone (then the caller saves)
     key = self.global_keyprefix + self._q_for_pri(
         queue, self._get_message_priority(message, reverse=False))
+    # EVAL, not EVALSHA: a script Redis lost (a restart) must not split the pair.
     with rider.client.pipeline(transaction=True) as pipe:
         if rider.first:
-            pipe.evalsha(script_sha(rider.lua), len(rider.keys), *rider.keys, *rider.args)
+            pipe.eval(rider.lua, len(rider.keys), *rider.keys, *rider.args)
         pipe.lpush(key, dumps(message))  # type: ignore[no-untyped-call]
         if not rider.first:
-            pipe.evalsha(script_sha(rider.lua), len(rider.keys), *rider.keys, *rider.args)
-        replies = pipe.execute(raise_on_error=False)
+            pipe.eval(rider.lua, len(rider.keys), *rider.keys, *rider.args)
+        replies = pipe.execute(raise_on_error=False)  # raises if nothing was applied
+    rider.armed = False  # a failed try keeps it armed: the next try rides again
     pushed, saved = (replies[1], replies[0]) if rider.first else (replies[0], replies[1])
+    rider.written = not isinstance(saved, Exception)
     if isinstance(pushed, Exception):
         raise pushed
-    rider.written = not isinstance(saved, Exception)  # NOSCRIPT, say: the caller saves
+
+
+def _save_alone(rider: PutRider) -> None:
+    """The rider's save, alone, now (a push it cannot ride comes first); then disarmed."""
+    rider.client.eval(rider.lua, len(rider.keys), *rider.keys, *rider.args)
+    rider.armed, rider.written = False, True
 
 
 def _same_server(channel: Any, client: Any) -> bool:

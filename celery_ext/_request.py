@@ -75,7 +75,7 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
         # The mark rides in the MULTI after the dead letter's push when broker and backend
         # are one Redis (``_publish_ride``); else it is saved alone below.
         if broker_driver(self.task.app) == "redis":
-            store.save_with_publish(handed_off(exc.record), queue, first=False)
+            store.save_with_publish(self.task.app, handed_off(exc.record), queue, first=False)
         try:
             published = self._publish_dead_letter(queue, exc)
         finally:

@@ -14,7 +14,8 @@ Before it stores an outcome Celery reads the task's result meta (``GET``), so as
 overwrite a SUCCESS. Admission read that key in its own script (``peek``): nothing but
 this delivery writes the meta of its attempt (claims and leases keep every other delivery
 out, and no successor exists before a retry is handed off), so the store of a success or a
-terminal failure takes that value instead of a round trip (``arm_peek``). Any other read of
+terminal failure takes that value instead of a round trip (``arm_peek``), provided the
+delivery surely held its lease throughout (``LeaseRenewer.alive``). Any other read of
 the key during the attempt spoils the peek (Redis answers from then on); a retry's store
 never uses it (its successor may have finished first).
 """

@@ -90,6 +90,11 @@ class AttemptSeat:
     def give_back(self, why: str) -> NoReturn:
         raise Reject(why, requeue=True)
 
+    def lease_alive(self) -> bool:
+        """Whether this delivery surely still holds its attempt's lease: then no other
+        delivery can have written the task's result meta since admission read it."""
+        return bool(self.holder) and LEASES.alive(self.holder)
+
     def release_lease(self) -> None:
         """Stop renewing the lease, and give it up unless the last save already did."""
         if self.released:

@@ -140,16 +140,18 @@ class RecordStore:
         keys, args = self._save_call(key, record, release)
         return attach(self.backend, record.id, ORDERED_SAVE_LUA, keys, args, save)
 
-    def save_with_publish(self, record: JobRecord, queue: str, *, first: bool) -> bool:
+    def save_with_publish(self, app: Any, record: JobRecord, queue: str, *,
+                          first: bool) -> bool:
         """Let this save ride in the ``MULTI`` of this thread's next push to ``queue``, before
         it (``first``: a retry's record) or after it (a dead letter's mark), when the broker
-        is this backend's Redis (``_publish_ride``). ``False``: it cannot: save it alone.
+        is this backend's Redis (``_publish_ride``, ``app``'s broker). ``False``: it cannot:
+        save it alone.
         Call ``_publish_ride.finish`` after the publish, to know whether it rode."""
         if not self.leases:
             return False
         key = self.backend.get_key_for_task(record.id, key=RECORD_SUFFIX)
         keys, args = self._save_call(key, record, None)
-        return ride_publish(self.backend.client, queue, ORDERED_SAVE_LUA, keys, args,
+        return ride_publish(app, self.backend.client, queue, ORDERED_SAVE_LUA, keys, args,
                             first=first)
 
     def claim(self, key: str, token: str) -> Claim:

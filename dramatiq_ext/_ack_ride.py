@@ -6,7 +6,9 @@ one transaction with the ack, before it: ``AckGate.save_before_ack`` leaves the 
 the message (``stash``), ``before_ack`` arms it for this thread (``arm``), and the broker's
 ``dispatch`` script, wrapped once per broker (``_Dispatch``), sends the save and the ack
 together when the consumer acks that message. Any other call of ``dispatch`` goes as it
-came; a save Redis refuses inside the transaction is done alone right after.
+came. A save Redis refuses inside the transaction (a wrong type at the key; with the
+ack's own writes, an out-of-memory or read-only Redis refuses the ack too) is tried alone
+right after the ack, logged if it fails: the record is an aid, the message held the truth.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq_ext._redis_retry import shares_redis
 from ojs_adapters import JobRecord
 from ojs_adapters.runtime.backend_retry import count_failure
-from ojs_adapters.runtime.group_commit import script_sha
 from ojs_adapters.runtime.handoff import ORDERED_SAVE_LUA, record_rank
 
 logger = logging.getLogger("dramatiq_ext")
@@ -83,9 +84,11 @@ class _Dispatch:
     def _with_save(self, ride: _Ride, keys: list[Any], argv: list[Any]) -> Any:
         store, data = ride.store, ride.record.to_dict()
         with store.client.pipeline(transaction=True) as pipe:
-            pipe.evalsha(script_sha(ORDERED_SAVE_LUA), 1, f"{store.prefix}:{ride.record.id}",
-                         json.dumps(data, separators=(",", ":")), *record_rank(data),
-                         store.ttl, "string")
+            # EVAL, not EVALSHA: a script Redis lost (a restart) must not let the ack go
+            # without the save.
+            pipe.eval(ORDERED_SAVE_LUA, 1, f"{store.prefix}:{ride.record.id}",
+                      json.dumps(data, separators=(",", ":")), *record_rank(data),
+                      store.ttl, "string")
             pipe.evalsha(self.real.sha, len(keys), *keys, *argv)
             saved, acked = pipe.execute(raise_on_error=False)
         if isinstance(acked, Exception):  # NOSCRIPT, say: the ack alone (it loads it)

@@ -77,12 +77,15 @@ class LeaseRenewer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[Any, str]] = {}  # holder -> (store, attempt key)
+        self._renewed: dict[str, float] = {}  # holder -> time.monotonic() of its last take
         self._pid = 0
 
     def hold(self, store: Any, key: str, holder: str) -> None:
-        """Renew ``holder``'s lease on ``key`` in ``store`` until ``drop(holder)``."""
+        """Renew ``holder``'s lease on ``key`` in ``store`` until ``drop(holder)``; it was
+        just taken."""
         with self._lock:
             self._held[holder] = (store, key)
+            self._renewed[holder] = time.monotonic()
             if self._pid != os.getpid():
                 self._pid = os.getpid()
                 threading.Thread(target=self._run, daemon=True, name="ojs-lease").start()
@@ -91,6 +94,14 @@ class LeaseRenewer:
         """Stop renewing ``holder``'s lease: it lapses after ``LEASE_SECONDS``."""
         with self._lock:
             self._held.pop(holder, None)
+            self._renewed.pop(holder, None)
+
+    def alive(self, holder: str) -> bool:
+        """Whether ``holder`` surely still holds its lease: taken or renewed less than
+        ``LEASE_SECONDS - BEAT_SECONDS`` ago, and never found taken by another delivery."""
+        with self._lock:
+            renewed = self._renewed.get(holder)
+        return renewed is not None and time.monotonic() - renewed < LEASE_SECONDS - BEAT_SECONDS
 
     def beat(self) -> None:
         """Renew every held lease once; a store error is logged and tried at the next beat."""
@@ -98,10 +109,16 @@ class LeaseRenewer:
             held = list(self._held.items())
         for holder, (store, key) in held:
             try:
-                if lease(store, key, holder, lease_ms()) is False:
+                began = time.monotonic()
+                taken = lease(store, key, holder, lease_ms())
+                if taken is False:
                     logger.warning("The lease on attempt %s lapsed and another delivery "
                                    "took it.", key)
                     self.drop(holder)
+                elif taken:
+                    with self._lock:
+                        if holder in self._renewed:
+                            self._renewed[holder] = began
             except Exception:
                 logger.info("Could not renew the lease on attempt %s.", key, exc_info=True)
 

@@ -34,6 +34,33 @@ def test_a_lease_has_one_holder_and_only_its_holder_releases_it(redis_url: str) 
         release(BEAT, store, key, "copy|b")
 
 
+def test_a_lease_is_alive_only_while_surely_held(redis_url: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the result-meta peek relies on: taken or renewed within LEASE_SECONDS -
+    BEAT_SECONDS, never lost to another delivery, not dropped."""
+    from ojs_adapters.runtime import leases
+
+    app = Celery("ojs-lease-test", broker="memory://", backend=redis_url, set_as_current=False)
+    store, renewer = RecordStore(app.backend), LeaseRenewer()
+    key = f"ojs-lease-test-{uuid.uuid4().hex}:1"
+    try:
+        assert lease(store, key, "copy|a", 5000)
+        renewer.hold(store, key, "copy|a")
+        assert renewer.alive("copy|a") and not renewer.alive("copy|b")
+        now = time.monotonic()
+        monkeypatch.setattr(leases.time, "monotonic", lambda: now + leases.LEASE_SECONDS)
+        assert not renewer.alive("copy|a")  # no renewal for too long: maybe lapsed
+        monkeypatch.undo()
+        renewer.beat()  # renewed: alive again
+        assert renewer.alive("copy|a")
+        release(BEAT, store, key, "copy|a")
+        assert lease(store, key, "copy|b", 5000)  # another delivery took it
+        renewer.beat()
+        assert not renewer.alive("copy|a")
+    finally:
+        release(BEAT, store, key, "copy|b")
+
+
 def test_backends_other_than_redis_keep_no_leases() -> None:
     app = Celery("ojs-lease-test", broker="memory://", backend="cache+memory://",
                  set_as_current=False)

@@ -69,7 +69,7 @@ def test_the_save_goes_in_the_transaction_of_the_push(app: Celery, first: bool,
     alone = _no_save_alone(monkeypatch)
     store, queue, task_id = RecordStore(app.backend), f"q-{uuid.uuid4().hex[:6]}", "putride-1"
     record = _retryable(task_id)
-    assert store.save_with_publish(record, queue, first=first)
+    assert store.save_with_publish(app, record, queue, first=first)
     _push(app, queue)
     assert _publish_ride.finish(), "the save did not ride"
     stored = store.load(task_id)
@@ -80,13 +80,41 @@ def test_the_save_goes_in_the_transaction_of_the_push(app: Celery, first: bool,
 
 
 @pytest.mark.broker
-def test_a_push_to_another_queue_leaves_the_save_to_the_caller(app: Celery) -> None:
+def test_a_push_to_another_queue_comes_after_the_retry_s_record(app: Celery) -> None:
+    """A retry's record never follows a push: one the rider cannot ride saves it first."""
     store, queue = RecordStore(app.backend), f"q-{uuid.uuid4().hex[:6]}"
-    assert store.save_with_publish(_retryable("putride-2"), queue, first=True)
+    assert store.save_with_publish(app, _retryable("putride-2"), queue, first=True)
     _push(app, f"{queue}-other")
-    assert not _publish_ride.finish()
-    assert store.load("putride-2") is None
+    assert _publish_ride.finish()
+    stored = store.load("putride-2")
+    assert stored is not None and stored.state == "retryable"
     assert _queued(app, f"{queue}-other") == 1
+
+
+@pytest.mark.broker
+def test_a_push_that_fails_keeps_the_save_for_its_next_try(
+        app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transaction never reached Redis: the push tried again still carries the record."""
+    import redis
+
+    store, queue = RecordStore(app.backend), f"q-{uuid.uuid4().hex[:6]}"
+    assert store.save_with_publish(app, _retryable("putride-4"), queue, first=True)
+    real = redis.client.Pipeline.execute
+    fails = [redis.ConnectionError("cut")]
+
+    def flaky(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if fails:
+            raise fails.pop()
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", flaky)
+    with pytest.raises(redis.ConnectionError):
+        _push(app, queue)
+    monkeypatch.setattr(redis.client.Pipeline, "execute", real)
+    _push(app, queue)
+    assert _publish_ride.finish()
+    stored = store.load("putride-4")
+    assert stored is not None and stored.state == "retryable"
 
 
 @pytest.mark.broker
@@ -94,7 +122,7 @@ def test_records_in_another_database_never_ride(app: Celery, redis_url: str) -> 
     other = Celery("putride", broker=redis_url, backend=redis_url.rsplit("/", 1)[0] + "/1",
                    set_as_current=False)
     store, queue = RecordStore(other.backend), f"q-{uuid.uuid4().hex[:6]}"
-    assert store.save_with_publish(_retryable("putride-3"), queue, first=True)
+    assert not store.save_with_publish(app, _retryable("putride-3"), queue, first=True)
     _push(app, queue)
     assert not _publish_ride.finish()
     assert store.load("putride-3") is None

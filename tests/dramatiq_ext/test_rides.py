@@ -57,9 +57,10 @@ def test_a_job_s_records_ride_on_redis(redis_env: Env, monkeypatch: pytest.Monke
 @pytest.mark.broker
 def test_a_record_redis_refuses_in_the_ack_s_transaction_is_saved_after_it(
         redis_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ack goes; the save that failed inside its MULTI (NOSCRIPT) is done alone."""
+    """The ack goes; the save that failed inside its MULTI is done alone after it."""
     monkeypatch.setattr(_ack_ride, "ORDERED_SAVE_LUA",
-                        "-- not loaded\n" + _ack_ride.ORDERED_SAVE_LUA)
+                        "if true then return redis.error_reply('refused') end\n"
+                        + _ack_ride.ORDERED_SAVE_LUA)
     alone = _saves_alone(monkeypatch)
     rode: list[str] = []
     real = _ack_ride._Dispatch._with_save
