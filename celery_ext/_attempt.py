@@ -20,7 +20,6 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitEx
 
 from celery_ext import _publish_ride as publish_ride
 from celery_ext._budgets import budget_of
-from celery_ext._handoff import broker_driver
 from celery_ext._headers import HEADER, HeaderState, merged
 from celery_ext._inputs import (
     RetryRequested,
@@ -203,7 +202,7 @@ class Delivery(AttemptSeat):
         delay = float(decision.delay or 0.0)
         not_before = time.time() + delay
         app = self.task.app
-        riding = broker_driver(app) == "redis" and not wants_park(app, not_before) and \
+        riding = not wants_park(app, not_before) and \
             self.store.save_with_publish(app, handed_off(record), self.queue, first=True)
         if not riding:
             self.save(record)

@@ -24,7 +24,7 @@ from celery_ext import _deadletter
 from celery_ext import _publish_ride as publish_ride
 from celery_ext._alerts import dead_lettered
 from celery_ext._deadletter import publish_dead_letter
-from celery_ext._handoff import broker_driver, with_retry
+from celery_ext._handoff import with_retry
 from celery_ext._headers import HeaderState
 from celery_ext._heartbeat import hold
 from celery_ext._parking import restore_delivery_info
@@ -74,8 +74,7 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
         store = RecordStore(self.task.backend)
         # The mark rides in the MULTI after the dead letter's push when broker and backend
         # are one Redis (``_publish_ride``); else it is saved alone below.
-        if broker_driver(self.task.app) == "redis":
-            store.save_with_publish(self.task.app, handed_off(exc.record), queue, first=False)
+        store.save_with_publish(self.task.app, handed_off(exc.record), queue, first=False)
         try:
             published = self._publish_dead_letter(queue, exc)
         finally:
