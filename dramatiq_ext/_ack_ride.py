@@ -13,7 +13,6 @@ right after the ack, logged if it fails: the record is an aid, the message held 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Any
@@ -23,7 +22,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq_ext._redis_retry import shares_redis
 from ojs_adapters import JobRecord
 from ojs_adapters.runtime.backend_retry import count_failure
-from ojs_adapters.runtime.handoff import ORDERED_SAVE_LUA, record_rank
+from ojs_adapters.runtime.handoff import ORDERED_SAVE_LUA
 
 logger = logging.getLogger("dramatiq_ext")
 
@@ -83,12 +82,11 @@ class _Dispatch:
 
     def _with_save(self, ride: _Ride, keys: list[Any], argv: list[Any]) -> Any:
         store, data = ride.store, ride.record.to_dict()
+        key, save_args = store.save_call(ride.record.id, data)
         with store.client.pipeline(transaction=True) as pipe:
             # EVAL, not EVALSHA: a script Redis lost (a restart) must not let the ack go
             # without the save.
-            pipe.eval(ORDERED_SAVE_LUA, 1, f"{store.prefix}:{ride.record.id}",
-                      json.dumps(data, separators=(",", ":")), *record_rank(data),
-                      store.ttl, "string")
+            pipe.eval(ORDERED_SAVE_LUA, 1, key, *save_args)
             pipe.evalsha(self.real.sha, len(keys), *keys, *argv)
             saved, acked = pipe.execute(raise_on_error=False)
         if isinstance(acked, Exception):  # NOSCRIPT, say: the ack alone (it loads it)

@@ -14,14 +14,13 @@ its ``dead_letter`` mark fails it again, unrun (``OjsRetries.before_process_mess
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from dramatiq.common import q_name
 
 from ojs_adapters import JobRecord
 from ojs_adapters.runtime.group_commit import run_script
-from ojs_adapters.runtime.handoff import ORDERED_SAVE_BODY, record_rank
+from ojs_adapters.runtime.handoff import ORDERED_SAVE_BODY
 
 #: KEYS[1] the queue's message hash; ARGV[1] the message's Redis id, ARGV[2] the new body.
 #: -1 if the message is no longer stored there (then nothing is written), else 1.
@@ -53,11 +52,10 @@ def dead_letter_in_place(broker: Any, store: Any, message: Any, dead: Any,
         return None
     messages = f"{broker.namespace}:{q_name(message.queue_name)}.msgs"
     body = dead.encode()
-    if getattr(store, "client", None) is client and hasattr(store, "prefix"):
-        data = record.to_dict()
-        done = run_script(client, _REPLACE_AND_SAVE, [f"{store.prefix}:{record.id}", messages],
-                          [json.dumps(data, separators=(",", ":")), *record_rank(data),
-                           store.ttl, "string", redis_id, body])
+    if getattr(store, "client", None) is client and hasattr(store, "save_call"):
+        key, save_args = store.save_call(record.id, record.to_dict())
+        done = run_script(client, _REPLACE_AND_SAVE, [key, messages],
+                          [*save_args, redis_id, body])
         return None if done == -1 else True
     done = run_script(client, _REPLACE, [messages], [redis_id, body])
     return None if done == -1 else False

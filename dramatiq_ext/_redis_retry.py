@@ -10,7 +10,6 @@ after it (three round trips) become one, and no crash falls between them
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from dramatiq.broker import Broker
@@ -20,7 +19,7 @@ from dramatiq.message import Message
 from dramatiq_ext._handoff import is_redis
 from ojs_adapters import JobRecord
 from ojs_adapters.runtime.group_commit import run_script
-from ojs_adapters.runtime.handoff import ORDERED_SAVE_BODY, record_rank
+from ojs_adapters.runtime.handoff import ORDERED_SAVE_BODY
 from ojs_adapters.runtime.tokens import new_token
 
 #: KEYS[1] the record, KEYS[2] the queue's message hash, KEYS[3] the queue; ARGV[1..5] the
@@ -36,7 +35,7 @@ def shares_redis(broker: Broker, store: Any) -> bool:
     """Whether ``store`` keeps its records in ``broker``'s own Redis (one script can do both)."""
     client = getattr(broker, "client", None)
     return client is not None and getattr(store, "client", None) is client and \
-        hasattr(store, "prefix") and hasattr(broker, "namespace") and is_redis(broker)
+        hasattr(store, "save_call") and hasattr(broker, "namespace") and is_redis(broker)
 
 
 def enqueue_with_record(broker: Any, store: Any, message: Message[Any], delay: int | None,
@@ -50,10 +49,8 @@ def enqueue_with_record(broker: Any, store: Any, message: Message[Any], delay: i
         queue = dq_name(queue)
         message = message.copy(queue_name=queue, options={"eta": current_millis() + delay})
     broker.emit_before("enqueue", message, delay)
-    data = record.to_dict()
+    key, save_args = store.save_call(record.id, record.to_dict())
     full = f"{broker.namespace}:{queue}"
-    run_script(broker.client, _ENQUEUE_AND_SAVE,
-               [f"{store.prefix}:{record.id}", f"{full}.msgs", full],
-               [json.dumps(data, separators=(",", ":")), *record_rank(data), store.ttl,
-                "string", message.options["redis_message_id"], message.encode()])
+    run_script(broker.client, _ENQUEUE_AND_SAVE, [key, f"{full}.msgs", full],
+               [*save_args, message.options["redis_message_id"], message.encode()])
     broker.emit_after("enqueue", message, delay)

@@ -74,6 +74,12 @@ class RedisRecordStore:
         text = json.dumps(record, separators=(",", ":"))
         self._scripts.save(f"{self.prefix}:{message_id}", text, record, self.ttl, "string")
 
+    def save_call(self, message_id: str, record: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        """The key and arguments of the ordered save of ``record`` (``ORDERED_SAVE_BODY``'s
+        KEYS[1] and ARGV[1..5]), for scripts that save it along with something else."""
+        text = json.dumps(record, separators=(",", ":"))
+        return f"{self.prefix}:{message_id}", [text, *record_rank(record), self.ttl, "string"]
+
     def claim(self, key: str, token: str, ttl: int) -> Claim:
         """First writer wins (see ``stores.claim``): ``SET NX`` on ``<prefix>:claim:<key>``."""
         return _redis_claim(self.client, f"{self.prefix}:claim:{key}", token, ttl)
