@@ -7,7 +7,9 @@ reply, and passes the lead to a thread that queued meanwhile. Each caller still 
 its own reply (or error) before it returns, so no guarantee changes: only the round
 trips are shared (docs/cost.md). Alone, a call goes out at once, as before.
 
-The client is passed in; nothing here imports redis.
+On redis-py's own clients the batch is written straight to a pooled connection
+(``redis_wire``); other clients get their own ``evalsha`` and ``pipeline``. The client
+is passed in; nothing here imports redis.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
+
+from ojs_adapters.runtime import redis_wire
 
 #: Calls sent in one pipeline at most (a bound on one flush's reply size and latency).
 MAX_BATCH = 64
@@ -70,7 +74,13 @@ class GroupCommit:
                 self._queue.append(call)
         if alone:  # nothing in flight: straight out, as without group commit
             try:
-                return _evalsha(client, lua, keys, args)
+                pool = redis_wire.pool_of(client)
+                if pool is None:
+                    return _evalsha(client, lua, keys, args)
+                reply = _on_wire(pool, [(lua, keys, args)])[0]
+                if isinstance(reply, BaseException):
+                    raise reply
+                return reply
             finally:
                 self._hand_on()
         call.gate.acquire()  # woken when done, or to lead the next flush
@@ -98,21 +108,26 @@ class GroupCommit:
             self._hand_on()
 
     def _flush(self, batch: list[_Call]) -> None:
+        client = batch[0].client
         try:
-            if len(batch) == 1:
+            pool = redis_wire.pool_of(client)
+            if pool is not None:
+                replies = _on_wire(pool, [(call.lua, call.keys, call.args) for call in batch])
+            elif len(batch) == 1:
                 call = batch[0]
-                call.reply = _evalsha(call.client, call.lua, call.keys, call.args)
+                call.reply = _evalsha(client, call.lua, call.keys, call.args)
                 return
-            pipe = batch[0].client.pipeline(transaction=False)
-            for call in batch:
-                pipe.evalsha(script_sha(call.lua), len(call.keys), *call.keys, *call.args)
-            replies = pipe.execute(raise_on_error=False)
+            else:
+                pipe = client.pipeline(transaction=False)
+                for call in batch:
+                    pipe.evalsha(script_sha(call.lua), len(call.keys), *call.keys, *call.args)
+                replies = pipe.execute(raise_on_error=False)
         except BaseException as error:  # every caller sees it and retries as it would alone
             for call in batch:
                 call.error = error
             return
         for call, reply in zip(batch, replies, strict=True):
-            if _no_script(reply):  # Redis lost its script cache: load it, send again
+            if _no_script(reply) and pool is None:  # Redis lost its scripts: load, send again
                 try:
                     call.reply = _evalsha(call.client, call.lua, call.keys, call.args)
                 except BaseException as error:
@@ -121,6 +136,27 @@ class GroupCommit:
                 call.error = reply
             else:
                 call.reply = reply
+
+
+#: A script call: its Lua source, keys and arguments.
+Script = tuple[str, Sequence[Any], Sequence[Any]]
+
+
+def _on_wire(pool: Any, scripts: Sequence[Script]) -> list[Any]:
+    """``EVALSHA`` of each script in one write (``redis_wire``); those Redis does not know
+    (NOSCRIPT: a restart, a flush) loaded and sent again, in a second write."""
+    def evalsha(lua: str, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+        return ("EVALSHA", script_sha(lua), len(keys), *keys, *args)
+
+    replies = redis_wire.send(pool, [evalsha(*script) for script in scripts])
+    again = [i for i, reply in enumerate(replies) if _no_script(reply)]
+    if again:
+        sources = list(dict.fromkeys(scripts[i][0] for i in again))
+        retried = redis_wire.send(pool, [("SCRIPT", "LOAD", lua) for lua in sources]
+                                  + [evalsha(*scripts[i]) for i in again])
+        for i, reply in zip(again, retried[len(sources):], strict=True):
+            replies[i] = reply
+    return replies
 
 
 def _evalsha(client: Any, lua: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:

@@ -1,0 +1,94 @@
+"""Redis commands written straight to a pooled connection of a redis-py client.
+
+redis-py's ``execute_command`` runs each command through its retry loop, its
+observability records and its response callbacks: about 45 µs of CPU a call here,
+twice the write and the read themselves (docs/cost.md). The scripts on an attempt's
+path need none of it: their replies are raw, and ``BackendRetry`` retries a failed
+call. ``send`` packs the commands, writes them at once on a connection of the
+client's own pool (its settings, credentials and TLS) and reads every reply.
+
+Only redis-py's own client classes go this way; anything else (a subclass with its
+own ``execute_command``, a single-connection client, a cluster, a test double) gets
+``None`` from ``pool_of`` and its callers use the client's public API.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+#: ``pool_of``'s answer per client object.
+_POOLS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_NO_POOL = object()
+
+
+def pool_of(client: Any) -> Any:
+    """The connection pool ``send`` may use for ``client``, or ``None``."""
+    try:
+        known = _POOLS.get(client)
+    except TypeError:  # not weakly referable
+        return None
+    if known is None:
+        known = _POOLS[client] = _plain_pool(client)
+    return None if known is _NO_POOL else known
+
+
+def _plain_pool(client: Any) -> Any:
+    cls = type(client)
+    if not cls.__module__.startswith("redis.") or cls.__name__ not in ("Redis", "StrictRedis"):
+        return _NO_POOL
+    if getattr(client, "connection", None) is not None:  # single_connection_client
+        return _NO_POOL
+    pool = getattr(client, "connection_pool", None)
+    if not (hasattr(pool, "get_connection") and hasattr(pool, "release")):
+        return _NO_POOL
+    return pool
+
+
+def send(pool: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    """Write ``commands`` in one go and read their replies, in order.
+
+    An error reply (``NOSCRIPT``, a script's error) comes back as its exception
+    object, in its place. A connection failure is retried as the client's own
+    ``retry`` says (as ``execute_command`` does), the connection dropped first, so
+    nothing is half read; then raised.
+    """
+    conn = _connection(pool)
+    try:
+        packed = conn.pack_commands(commands)
+        retry = getattr(conn, "retry", None)
+        if retry is None:
+            return _exchange(conn, packed, len(commands))
+        return retry.call_with_retry(  # type: ignore[no-any-return]
+            lambda: _exchange(conn, packed, len(commands)), lambda *_: conn.disconnect())
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
+def _exchange(conn: Any, packed: Any, replies_due: int) -> list[Any]:
+    conn.send_packed_command(packed)
+    replies: list[Any] = []
+    for _ in range(replies_due):
+        try:
+            replies.append(conn.read_response())
+        except Exception as error:
+            if not is_reply_error(error):
+                raise
+            replies.append(error)
+    return replies
+
+
+def _connection(pool: Any) -> Any:
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py before 5.3 wants a command name
+        return pool.get_connection("EVALSHA")
+
+
+def is_reply_error(error: BaseException) -> bool:
+    """Whether ``error`` is an error *reply* from Redis (the connection is still good)."""
+    return any(cls.__name__ == "ResponseError" for cls in type(error).__mro__)

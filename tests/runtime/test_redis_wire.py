@@ -1,0 +1,92 @@
+"""``redis_wire`` on a real Redis: replies in order, error replies in place, a dropped
+connection retried as the client says, and clients it must leave alone."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from ojs_adapters.runtime import redis_wire
+from ojs_adapters.runtime.group_commit import run_script, script_sha
+
+
+@pytest.fixture
+def client(redis_url: str) -> Any:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def key(client: Any) -> Any:
+    name = f"ojs-test-wire-{uuid.uuid4().hex}"
+    yield name
+    client.delete(name)
+
+
+def test_replies_come_back_in_order_with_an_error_reply_in_its_place(
+        client: Any, key: str) -> None:
+    pool = redis_wire.pool_of(client)
+    assert pool is client.connection_pool
+    replies = redis_wire.send(pool, [("RPUSH", key, "a"), ("EVAL", "return redis.error_reply("
+                                      "'boom')", 0), ("RPUSH", key, "b"), ("LRANGE", key, 0, -1)])
+    assert replies[0] == 1 and replies[2] == 2 and replies[3] == [b"a", b"b"]
+    assert redis_wire.is_reply_error(replies[1]) and "boom" in str(replies[1])
+    assert redis_wire.send(pool, [("LLEN", key)]) == [2]  # the connection is still in step
+
+
+def test_a_decoding_client_gets_text(redis_url: str, key: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        pool = redis_wire.pool_of(client)
+        assert redis_wire.send(pool, [("SET", key, "v"), ("GET", key)]) == ["OK", "v"]
+    finally:
+        client.delete(key)
+        client.close()
+
+
+def test_a_killed_connection_is_retried_on_a_new_one(
+        client: Any, key: str, redis_url: str) -> None:
+    import redis
+
+    pool = redis_wire.pool_of(client)
+    name = f"ojs-wire-{uuid.uuid4().hex[:8]}"
+    assert redis_wire.send(pool, [("CLIENT", "SETNAME", name)]) == [b"OK"]
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        assert admin.client_kill_filter(_id=next(
+            c["id"] for c in admin.client_list() if c.get("name") == name)) == 1
+    finally:
+        admin.close()
+    # The pooled connection is dead; the client's retry takes a new one (no name).
+    assert redis_wire.send(pool, [("SET", key, "after"), ("GET", key), ("CLIENT", "GETNAME")]) \
+        == [b"OK", b"after", None]
+
+
+def test_a_script_redis_forgot_is_loaded_and_run_again(client: Any, key: str) -> None:
+    lua = f"-- {key}\nreturn redis.call('INCR', KEYS[1])"
+    assert run_script(client, lua, [key], []) == 1
+    client.script_flush()
+    assert not client.script_exists(script_sha(lua))[0]
+    assert run_script(client, lua, [key], []) == 2
+
+
+def test_clients_it_does_not_know_keep_their_own_path(redis_url: str) -> None:
+    import redis
+
+    class Instrumented(redis.Redis):
+        pass
+
+    single = redis.Redis.from_url(redis_url, single_connection_client=True)
+    try:
+        assert redis_wire.pool_of(Instrumented.from_url(redis_url)) is None
+        assert redis_wire.pool_of(single) is None
+        assert redis_wire.pool_of(object()) is None
+    finally:
+        single.close()
