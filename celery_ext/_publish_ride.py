@@ -18,6 +18,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ojs_adapters.runtime import redis_wire
+
 #: The rider of the publish under way in this thread (a registry of one per thread).
 _LOCAL = threading.local()
 #: ``Channel._put`` as kombu defines it, once replaced (``_install``).
@@ -111,13 +113,17 @@ def _put_riding(self: Any, queue: str, message: Any, **kwargs: Any) -> None:
     key = self.global_keyprefix + self._q_for_pri(
         queue, self._get_message_priority(message, reverse=False))
     # EVAL, not EVALSHA: a script Redis lost (a restart) must not split the pair.
-    with rider.client.pipeline(transaction=True) as pipe:
-        if rider.first:
-            pipe.eval(rider.lua, len(rider.keys), *rider.keys, *rider.args)
-        pipe.lpush(key, dumps(message))  # type: ignore[no-untyped-call]
-        if not rider.first:
-            pipe.eval(rider.lua, len(rider.keys), *rider.keys, *rider.args)
-        replies = pipe.execute(raise_on_error=False)  # raises if nothing was applied
+    save = ("EVAL", rider.lua, len(rider.keys), *rider.keys, *rider.args)
+    push = ("LPUSH", key, dumps(message))  # type: ignore[no-untyped-call]
+    commands = [save, push] if rider.first else [push, save]
+    pool = redis_wire.pool_of(rider.client)
+    if pool is not None:
+        replies = redis_wire.transaction(pool, commands)
+    else:
+        with rider.client.pipeline(transaction=True) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            replies = pipe.execute(raise_on_error=False)  # raises if nothing was applied
     rider.armed = False  # a failed try keeps it armed: the next try rides again
     pushed, saved = (replies[1], replies[0]) if rider.first else (replies[0], replies[1])
     rider.written = not isinstance(saved, Exception)

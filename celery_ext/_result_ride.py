@@ -22,6 +22,7 @@ never uses it (its successor may have finished first).
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import sys
 import threading
@@ -30,6 +31,7 @@ from typing import Any
 
 from celery.signals import task_postrun
 
+from ojs_adapters.runtime import redis_wire
 from ojs_adapters.runtime.group_commit import script_sha
 
 #: The rider of the attempt running in this thread (a registry of one per thread).
@@ -157,15 +159,26 @@ def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
     rider.armed = False  # one try: a write ``ensure`` repeats goes alone (then ``finish``)
     if expires is None:
         expires = self.expires
-    with self.client.pipeline() as pipe:
-        if expires:
-            pipe.setex(key, expires, value)
-        else:
-            pipe.set(key, value)
-        pipe.publish(key, value)
-        pipe.evalsha(script_sha(rider.lua), len(rider.keys), *rider.keys, *rider.args)
-        replies = pipe.execute(raise_on_error=False)
+    replies = _write(self.client, key, value, expires, (
+        "EVALSHA", script_sha(rider.lua), len(rider.keys), *rider.keys, *rider.args))
     for reply in replies[:-1]:
         if isinstance(reply, Exception):
             raise reply
     rider.written = not isinstance(replies[-1], Exception)  # NOSCRIPT, say: ``finish`` saves
+
+
+def _write(client: Any, key: Any, value: Any, expires: Any, ride: tuple[Any, ...]) -> list[Any]:
+    """Celery's ``SETEX`` (or ``SET``) and ``PUBLISH`` of ``key``, then ``ride``, in one
+    transaction; each reply, errors in place. Straight to the wire on redis-py's own
+    clients (``redis_wire``), else through the client's pipeline."""
+    if isinstance(expires, datetime.timedelta):  # as redis-py's ``setex`` reads it
+        expires = int(expires.total_seconds())
+    write = ("SETEX", key, expires, value) if expires else ("SET", key, value)
+    pool = redis_wire.pool_of(client)
+    if pool is not None:
+        return redis_wire.transaction(pool, [write, ("PUBLISH", key, value), ride])
+    with client.pipeline() as pipe:
+        pipe.execute_command(*write)
+        pipe.publish(key, value)
+        pipe.execute_command(*ride)
+        return list(pipe.execute(raise_on_error=False))

@@ -21,6 +21,7 @@ from dramatiq.broker import Broker, MessageProxy
 
 from dramatiq_ext._redis_retry import shares_redis
 from ojs_adapters import JobRecord
+from ojs_adapters.runtime import redis_wire
 from ojs_adapters.runtime.backend_retry import count_failure
 from ojs_adapters.runtime.handoff import ORDERED_SAVE_LUA
 
@@ -83,12 +84,18 @@ class _Dispatch:
     def _with_save(self, ride: _Ride, keys: list[Any], argv: list[Any]) -> Any:
         store, data = ride.store, ride.record.to_dict()
         key, save_args = store.save_call(ride.record.id, data)
-        with store.client.pipeline(transaction=True) as pipe:
-            # EVAL, not EVALSHA: a script Redis lost (a restart) must not let the ack go
-            # without the save.
-            pipe.eval(ORDERED_SAVE_LUA, 1, key, *save_args)
-            pipe.evalsha(self.real.sha, len(keys), *keys, *argv)
-            saved, acked = pipe.execute(raise_on_error=False)
+        # EVAL, not EVALSHA: a script Redis lost (a restart) must not let the ack go
+        # without the save.
+        save = ("EVAL", ORDERED_SAVE_LUA, 1, key, *save_args)
+        ack = ("EVALSHA", self.real.sha, len(keys), *keys, *argv)
+        pool = redis_wire.pool_of(store.client)
+        if pool is not None:
+            saved, acked = redis_wire.transaction(pool, [save, ack])
+        else:
+            with store.client.pipeline(transaction=True) as pipe:
+                pipe.execute_command(*save)
+                pipe.execute_command(*ack)
+                saved, acked = pipe.execute(raise_on_error=False)
         if isinstance(acked, Exception):  # NOSCRIPT, say: the ack alone (it loads it)
             acked = self.real(keys=keys, args=argv)
         if isinstance(saved, Exception):  # the ack went: the record right after it

@@ -92,3 +92,15 @@ def _connection(pool: Any) -> Any:
 def is_reply_error(error: BaseException) -> bool:
     """Whether ``error`` is an error *reply* from Redis (the connection is still good)."""
     return any(cls.__name__ == "ResponseError" for cls in type(error).__mro__)
+
+
+def transaction(pool: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    """``commands`` in one ``MULTI``/``EXEC``, one write; each command's reply (an error as
+    its exception object). A command Redis refused to queue aborts the whole block: its
+    error is raised, as redis-py's transactions do."""
+    replies = send(pool, [("MULTI",), *commands, ("EXEC",)])
+    done = replies[-1]
+    if isinstance(done, BaseException) or done is None:
+        refused = [reply for reply in replies[1:-1] if isinstance(reply, BaseException)]
+        raise refused[0] if refused else done or RuntimeError("EXEC answered nil")
+    return list(done)

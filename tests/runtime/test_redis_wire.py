@@ -90,3 +90,16 @@ def test_clients_it_does_not_know_keep_their_own_path(redis_url: str) -> None:
         assert redis_wire.pool_of(object()) is None
     finally:
         single.close()
+
+
+def test_a_transaction_gives_each_reply_and_a_refused_command_aborts_it(
+        client: Any, key: str) -> None:
+    pool = redis_wire.pool_of(client)
+    replies = redis_wire.transaction(pool, [
+        ("SET", key, "1"), ("EVALSHA", "0" * 40, 0), ("INCR", key)])
+    assert replies[0] == b"OK" and replies[2] == 2
+    assert type(replies[1]).__name__ == "NoScriptError"  # a run-time error stays in place
+    with pytest.raises(Exception, match="wrong number of arguments"):
+        redis_wire.transaction(pool, [("INCR", key), ("GET",)])
+    assert client.get(key) == b"2"  # the refused block ran nothing
+    assert redis_wire.send(pool, [("PING",)]) == [b"PONG"]  # and left the connection in step
