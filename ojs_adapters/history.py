@@ -87,6 +87,11 @@ def iso_from_epoch(seconds: float) -> str:
                          (seconds - whole) * 1000)
 
 
+def _stamp(now: datetime | None) -> str:
+    """``iso_utc(now)``; the clock's time through ``iso_from_epoch`` (a third of the cost)."""
+    return iso_utc(now) if now is not None else iso_from_epoch(time.time())
+
+
 def bound_message(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """``message`` cut to ``limit`` characters, marking how much was dropped."""
     if len(message) <= limit:
@@ -232,7 +237,7 @@ class JobRecord:
         if "end_reason" in extra:
             extra = {k: v for k, v in extra.items() if k != "end_reason"}
         return replace(self, state="active", attempt=attempt, next_retry_at=None,
-                       updated_at=iso_utc(now or utc_now()), extra=extra)
+                       updated_at=_stamp(now), extra=extra)
 
     def failed(self, entry: ErrorEntry, *, action: str, delay: float | None = None,
                keep: int = MIN_HISTORY, reason: str | None = None) -> JobRecord:
@@ -258,7 +263,7 @@ class JobRecord:
     def completed(self, *, now: datetime | None = None) -> JobRecord:
         """The record after a successful attempt; earlier errors are kept."""
         return replace(self, state="completed", next_retry_at=None, outcome="completed",
-                       updated_at=iso_utc(now or utc_now()))
+                       updated_at=_stamp(now))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON for a result backend or a log."""
