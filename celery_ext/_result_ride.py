@@ -171,9 +171,9 @@ def _write(client: Any, key: Any, value: Any, expires: Any, ride: tuple[Any, ...
     """Celery's ``SETEX`` (or ``SET``) and ``PUBLISH`` of ``key``, then ``ride``, in one
     transaction; each reply, errors in place. Straight to the wire on redis-py's own
     clients (``redis_wire``), else through the client's pipeline."""
-    if isinstance(expires, datetime.timedelta):  # as redis-py's ``setex`` reads it
-        expires = int(expires.total_seconds())
-    write = ("SETEX", key, expires, value) if expires else ("SET", key, value)
+    seconds = int(expires.total_seconds()) if isinstance(expires, datetime.timedelta) \
+        else expires  # as redis-py's ``setex`` reads it
+    write = ("SETEX", key, seconds, value) if expires else ("SET", key, value)
     pool = redis_wire.pool_of(client)
     if pool is not None:
         return redis_wire.transaction(pool, [write, ("PUBLISH", key, value), ride])

@@ -150,12 +150,17 @@ def _on_wire(pool: Any, scripts: Sequence[Script]) -> list[Any]:
 
     replies = redis_wire.send(pool, [evalsha(*script) for script in scripts])
     again = [i for i, reply in enumerate(replies) if _no_script(reply)]
-    if again:
+    if again:  # the others ran: whatever happens now is only the again calls' reply
         sources = list(dict.fromkeys(scripts[i][0] for i in again))
-        retried = redis_wire.send(pool, [("SCRIPT", "LOAD", lua) for lua in sources]
-                                  + [evalsha(*scripts[i]) for i in again])
+        try:
+            retried = redis_wire.send(pool, [("SCRIPT", "LOAD", lua) for lua in sources]
+                                      + [evalsha(*scripts[i]) for i in again])
+        except Exception as error:
+            retried = [error] * (len(sources) + len(again))
+        loaded = dict(zip(sources, retried, strict=False))
         for i, reply in zip(again, retried[len(sources):], strict=True):
-            replies[i] = reply
+            failed_load = loaded[scripts[i][0]]
+            replies[i] = failed_load if isinstance(failed_load, BaseException) else reply
     return replies
 
 

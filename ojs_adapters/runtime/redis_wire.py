@@ -7,13 +7,15 @@ path need none of it: their replies are raw, and ``BackendRetry`` retries a fail
 call. ``send`` packs the commands, writes them at once on a connection of the
 client's own pool (its settings, credentials and TLS) and reads every reply.
 
-Only redis-py's own client classes go this way; anything else (a subclass with its
-own ``execute_command``, a single-connection client, a cluster, a test double) gets
-``None`` from ``pool_of`` and its callers use the client's public API.
+Only redis-py's own client class (6 or later, its command paths not wrapped by a
+tracer) goes this way; anything else (a subclass, a single-connection client, an
+asyncio or cluster client, a test double) gets ``None`` from ``pool_of`` and its
+callers use the client's public API.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -36,7 +38,8 @@ def pool_of(client: Any) -> Any:
 
 def _plain_pool(client: Any) -> Any:
     cls = type(client)
-    if not cls.__module__.startswith("redis.") or cls.__name__ not in ("Redis", "StrictRedis"):
+    if cls.__module__ != "redis.client" or cls.__name__ not in ("Redis", "StrictRedis") \
+            or not _untouched(client):
         return _NO_POOL
     if getattr(client, "connection", None) is not None:  # single_connection_client
         return _NO_POOL
@@ -44,6 +47,20 @@ def _plain_pool(client: Any) -> Any:
     if not (hasattr(pool, "get_connection") and hasattr(pool, "release")):
         return _NO_POOL
     return pool
+
+
+def _untouched(client: Any) -> bool:
+    """Whether redis-py is 6 or later (its retry covers connection errors, as ``send``'s
+    does) and nobody wrapped its command paths (tracing: OpenTelemetry, ddtrace, Sentry),
+    whose calls must keep going through them."""
+    module = sys.modules.get("redis.client")
+    version = getattr(sys.modules.get("redis"), "__version__", "0")
+    if module is None or not version.split(".")[0].isdigit() or int(version.split(".")[0]) < 6:
+        return False
+    return all(getattr(fn, "__module__", None) == "redis.client" and
+               not hasattr(fn, "__wrapped__")
+               for fn in (type(client).execute_command, module.Pipeline.execute,
+                          module.Pipeline.execute_command))
 
 
 def send(pool: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:

@@ -103,3 +103,35 @@ def test_a_transaction_gives_each_reply_and_a_refused_command_aborts_it(
         redis_wire.transaction(pool, [("INCR", key), ("GET",)])
     assert client.get(key) == b"2"  # the refused block ran nothing
     assert redis_wire.send(pool, [("PING",)]) == [b"PONG"]  # and left the connection in step
+
+
+def test_a_client_whose_commands_a_tracer_wrapped_keeps_its_path(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import functools
+
+    import redis
+
+    original = redis.Redis.execute_command
+
+    @functools.wraps(original)
+    def traced(self: Any, *args: Any, **options: Any) -> Any:  # as wrapt and friends do
+        return original(self, *args, **options)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", traced)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert redis_wire.pool_of(client) is None
+    finally:
+        client.close()
+
+
+def test_in_one_batch_a_forgotten_script_is_reloaded_and_a_known_one_runs_once(
+        client: Any, key: str) -> None:
+    from ojs_adapters.runtime.group_commit import _on_wire
+
+    known = f"-- known {key}\nreturn redis.call('INCR', KEYS[1])"
+    forgotten = f"-- forgotten {key}\nreturn redis.call('INCRBY', KEYS[1], 10)"
+    client.script_load(known)
+    assert not client.script_exists(script_sha(forgotten))[0]
+    replies = _on_wire(redis_wire.pool_of(client), [(known, [key], []), (forgotten, [key], [])])
+    assert replies == [1, 11] and client.get(key) == b"11"
