@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from celery_ext._conf import setting
 from ojs_adapters.runtime.budget import AnyRetryBudget, RetryBudgets
 
 #: App setting: a ``RetryBudgets`` to use instead of the default.
@@ -21,7 +22,7 @@ _LOCK = threading.Lock()
 
 def budgets_of(app: Any) -> RetryBudgets:
     """The app's ``RetryBudgets`` (the setting, else a default made once per app)."""
-    configured = app.conf.get(BUDGETS_SETTING)
+    configured = setting(app, BUDGETS_SETTING)
     if isinstance(configured, RetryBudgets):
         return configured
     budgets: RetryBudgets | None = getattr(app, _ATTRIBUTE, None)

@@ -17,6 +17,7 @@ from typing import Any
 from kombu.serialization import loads as _untyped_loads
 from kombu.serialization import prepare_accept_content as _untyped_accept
 
+from celery_ext._conf import setting
 from celery_ext._deadletter import DEAD_LETTER_HEADER
 from celery_ext._handoff import TOKEN_HEADER
 from celery_ext._headers import HEADER, HeaderState
@@ -50,7 +51,7 @@ _DROPPED_HEADERS = frozenset({DEAD_LETTER_HEADER, *HEADER_NAMES, TOKEN_HEADER,
 
 def dead_letter_templates(app: Any) -> list[str]:
     """The app's dead-letter queue name templates: its setting (or the default), tasks' own."""
-    found = [app.conf.get(DEAD_LETTER_SETTING) or DEFAULT_DEAD_LETTER_QUEUE]
+    found = [setting(app, DEAD_LETTER_SETTING) or DEFAULT_DEAD_LETTER_QUEUE]
     for task in app.tasks.values():
         own = getattr(type(task), "dead_letter_queue", None)
         if own and own not in found:

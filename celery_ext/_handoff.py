@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from kombu.exceptions import SerializationError, SerializerNotInstalled
 
+from celery_ext._conf import setting
 from ojs_adapters.runtime.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
 from ojs_adapters.runtime.dlq import replay_info
 from ojs_adapters.runtime.tokens import new_token as fresh_token
@@ -46,7 +47,7 @@ def new_token() -> str:
 
 def backend_retry_of(app: Any) -> BackendRetry:
     """The app's ``ojs_backend_retry`` setting, else 5 tries from 100 ms."""
-    value = app.conf.get(BACKEND_RETRY_SETTING)
+    value = setting(app, BACKEND_RETRY_SETTING)
     return value if isinstance(value, BackendRetry) else DEFAULT_BACKEND_RETRY
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from celery_ext._conf import setting
 from celery_ext._orphans import hand_back
 
 logger = logging.getLogger("celery_ext")
@@ -186,7 +187,7 @@ HEARTBEAT = Heartbeat()
 def hold(message: Any, app: Any) -> bool:
     """Hold ``message`` (an OjsTask delivery) in the process heartbeat, unless ``app`` turned
     it off (``ojs_visibility_heartbeat = False``); see docs/long-waits.md."""
-    if not app.conf.get(HEARTBEAT_SETTING, True):
+    if not setting(app, HEARTBEAT_SETTING, True):
         return False
     try:
         return HEARTBEAT.hold(message)

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from celery.exceptions import TimeLimitExceeded
 
+from celery_ext._conf import setting
 from celery_ext._headers import HeaderState
 from celery_ext.exceptions import JobDeadLettered, JobDiscarded
 from ojs_adapters import JobRecord, OjsValidationError, RetryPolicy
@@ -86,7 +87,7 @@ def task_jitter_sample(task: Any) -> float:
     """u in [0, 1) from the task's ``jitter_source``, the app's, or ``random.random``."""
     source: Callable[[], float] | None = getattr(type(task), "jitter_source", None)
     if source is None:
-        source = task.app.conf.get(JITTER_SETTING) or random.random
+        source = setting(task.app, JITTER_SETTING) or random.random
     return float(source())
 
 

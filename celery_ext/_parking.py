@@ -17,6 +17,7 @@ from typing import Any
 
 from celery import bootsteps
 
+from celery_ext._conf import setting
 from celery_ext._parking_channel import _Park, _ParkingChannel
 from celery_ext._parking_rabbitmq import (
     _TOPOLOGY,
@@ -73,7 +74,7 @@ def park_after(app: Any) -> float | None:
     the retry being handed off is no place to fail.
     """
     try:
-        return park_threshold(app.conf.get(PARK_SETTING, DEFAULT_PARK_AFTER), field=PARK_SETTING)
+        return park_threshold(setting(app, PARK_SETTING, DEFAULT_PARK_AFTER), field=PARK_SETTING)
     except OjsValidationError:
         return DEFAULT_PARK_AFTER
 

@@ -1,0 +1,36 @@
+"""``setting`` reads what ``app.conf.get`` reads: the same names, maps and defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_ext._conf import setting
+
+
+class _Django:
+    CELERY_OJS_VISIBILITY_HEARTBEAT = False
+    CELERY_BROKER_URL = "memory://"
+
+
+def _apps() -> list[Any]:
+    plain = Celery("plain", broker="memory://", set_as_current=False)
+    changed = Celery("changed", broker="memory://", set_as_current=False)
+    changed.conf.ojs_visibility_heartbeat = False
+    changed.conf.ojs_backend_retry = {"tries": 2}
+    namespaced = Celery("namespaced", set_as_current=False)
+    namespaced.config_from_object(_Django, namespace="CELERY")
+    return [plain, changed, namespaced]
+
+
+@pytest.mark.parametrize("app", _apps(), ids=["plain", "changed", "namespace"])
+@pytest.mark.parametrize("key", ["ojs_visibility_heartbeat", "ojs_backend_retry",
+                                 "broker_url", "task_default_queue", "no_such_setting"])
+def test_setting_reads_what_conf_get_reads(app: Any, key: str) -> None:
+    assert setting(app, key, "fallback") == app.conf.get(key, "fallback")
+
+
+def test_a_namespaced_setting_is_found() -> None:
+    assert setting(_apps()[2], "ojs_visibility_heartbeat", True) is False
