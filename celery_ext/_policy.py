@@ -13,9 +13,11 @@ with the ``retry_policy`` that says the same thing, rather than combining them.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
+from celery_ext._conf import setting
 from ojs_adapters import OjsValidationError, RetryPolicy
 from ojs_adapters.failure import error_type_of
 from ojs_adapters.migrate import from_celery
@@ -84,7 +86,7 @@ def _type_name(exc_type: Any) -> str:
 
 def app_policy(app: Any) -> RetryPolicy:
     """The app-wide default policy (the OJS default merged with the app setting)."""
-    return RetryPolicy.from_dict(app.conf.get(APP_DEFAULT_SETTING))
+    return _built(setting(app, APP_DEFAULT_SETTING), None)
 
 
 def task_policy(task_policy_data: Mapping[str, Any] | RetryPolicy | None, app: Any) -> RetryPolicy:
@@ -92,4 +94,28 @@ def task_policy(task_policy_data: Mapping[str, Any] | RetryPolicy | None, app: A
     base = app_policy(app)
     if isinstance(task_policy_data, RetryPolicy):
         return task_policy_data
-    return RetryPolicy.from_dict(task_policy_data, base=base) if task_policy_data else base
+    return _built(task_policy_data, base) if task_policy_data else base
+
+
+#: The last policy built per settings object (the app's default, a task's
+#: ``retry_policy``), with a copy of the data it was built from and its base.
+_BUILT: dict[int, tuple[Any, Any, RetryPolicy | None, RetryPolicy]] = {}
+
+
+def _built(data: Any, base: RetryPolicy | None) -> RetryPolicy:
+    """``RetryPolicy.from_dict(data, base=base)``, without its JSON cache key (a dump of
+    ``data``) on every attempt while ``data`` stays as it was."""
+    if data is None or isinstance(data, RetryPolicy):
+        return RetryPolicy.from_dict(data, base=base)
+    known = _BUILT.get(id(data))
+    if known is not None and known[0] is data and known[2] is base and known[1] == data:
+        return known[3]
+    policy = RetryPolicy.from_dict(data, base=base)
+    try:
+        kept = copy.deepcopy(data)
+    except Exception:  # not plain data: built again each time, as before
+        return policy
+    if len(_BUILT) >= 256:
+        _BUILT.clear()
+    _BUILT[id(data)] = (data, kept, base, policy)
+    return policy

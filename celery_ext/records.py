@@ -70,13 +70,25 @@ class RecordStore:
         self._key_value = isinstance(backend, BaseKeyValueStoreBackend)
         #: Leases, attempt claims and ordered saves need Redis scripts; others only store.
         self.leases = self.enabled and _is_redis(backend)
+        self._keys: dict[tuple[str, str], Any] = {}
+
+    def key(self, task_id: str, suffix: str) -> Any:
+        """``backend.get_key_for_task(task_id, key=suffix)``, once per store and key (an
+        attempt asks for the same few keys about seven times)."""
+        found = self._keys.get((task_id, suffix))
+        if found is None:
+            if len(self._keys) >= 16:  # a long-lived store (a console, a scan): no growth
+                self._keys.clear()
+            found = self._keys[task_id, suffix] = self.backend.get_key_for_task(
+                task_id, key=suffix)
+        return found
 
     def load(self, task_id: str) -> JobRecord | None:
         """The stored record, or ``None``."""
         if not self.enabled:
             return None
         if self._key_value:
-            raw = self.backend.get(self.backend.get_key_for_task(task_id, key=RECORD_SUFFIX))
+            raw = self.backend.get(self.key(task_id, RECORD_SUFFIX))
             if raw is None:
                 return None
             return JobRecord.from_dict(json.loads(raw))
@@ -99,7 +111,7 @@ class RecordStore:
         if not self._key_value:
             self.backend.store_result(record.id + RECORD_SUFFIX, record.to_dict(), RECORD_STATE)
             return False
-        key = self.backend.get_key_for_task(record.id, key=RECORD_SUFFIX)
+        key = self.key(record.id, RECORD_SUFFIX)
         if self.leases:
             # Not RedisBackend.set: it writes with SETEX (deprecated by redis-py) and
             # PUBLISHes the value for result waiters, which a record never has.
@@ -125,7 +137,7 @@ class RecordStore:
         args: list[Any] = [json.dumps(data, separators=(",", ":")), *record_rank(data),
                            int((self.backend.expires or 0) * 1000), "string"]
         if release is not None:
-            keys.append(self.backend.get_key_for_task(release[0], key=LEASE_SUFFIX))
+            keys.append(self.key(release[0], LEASE_SUFFIX))
             args.append(release[1])
         return keys, args
 
@@ -136,7 +148,7 @@ class RecordStore:
         come. ``False``: it cannot ride here (not the Redis backend): save it now."""
         if not self.leases:
             return False
-        key = self.backend.get_key_for_task(record.id, key=RECORD_SUFFIX)
+        key = self.key(record.id, RECORD_SUFFIX)
         keys, args = self._save_call(key, record, release)
         return attach(self.backend, record.id, ORDERED_SAVE_LUA, keys, args, save)
 
@@ -149,7 +161,7 @@ class RecordStore:
         Call ``_publish_ride.finish`` after the publish, to know whether it rode."""
         if not self.leases:
             return False
-        key = self.backend.get_key_for_task(record.id, key=RECORD_SUFFIX)
+        key = self.key(record.id, RECORD_SUFFIX)
         keys, args = self._save_call(key, record, None)
         return ride_publish(app, self.backend.client, queue, ORDERED_SAVE_LUA, keys, args,
                             first=first)
@@ -165,7 +177,7 @@ class RecordStore:
         client = self._redis_client()
         if client is None:
             return "new"
-        name = self.backend.get_key_for_task(key, key=CLAIM_SUFFIX)
+        name = self.key(key, CLAIM_SUFFIX)
         if client.set(name, token, nx=True, ex=self._claim_ttl()):
             return "new"
         held = client.get(name)
@@ -184,12 +196,12 @@ class RecordStore:
             return None
         expires = self.backend.expires
         return begin_on_redis(
-            client, claim_key=self.backend.get_key_for_task(key, key=CLAIM_SUFFIX),
-            record_key=self.backend.get_key_for_task(started.id, key=RECORD_SUFFIX),
+            client, claim_key=self.key(key, CLAIM_SUFFIX),
+            record_key=self.key(started.id, RECORD_SUFFIX),
             token=token, claim_ttl_ms=self._claim_ttl() * 1000, started=started.to_json(),
             record_ttl_ms=int(expires * 1000) if expires else None, attempt=started.attempt,
-            lease_key=None if lease_ms is None else self.backend.get_key_for_task(
-                key, key=LEASE_SUFFIX), lease_ttl_ms=lease_ms or 0, peek_key=peek)
+            lease_key=None if lease_ms is None else self.key(key, LEASE_SUFFIX),
+            lease_ttl_ms=lease_ms or 0, peek_key=peek)
 
     def lease(self, key: str, holder: str, ttl: int) -> bool | None:
         """Take or renew the lease on attempt ``key`` for delivery ``holder``, for ``ttl`` ms
@@ -198,7 +210,7 @@ class RecordStore:
         client = self._redis_client()
         if client is None:
             return None
-        name = self.backend.get_key_for_task(key, key=LEASE_SUFFIX)
+        name = self.key(key, LEASE_SUFFIX)
         return bool(run_script(client, LEASE_LUA, [name], [holder, ttl]))
 
     def release_lease(self, key: str, holder: str) -> None:
@@ -206,7 +218,7 @@ class RecordStore:
         client = self._redis_client()
         if client is None:
             return
-        run_script(client, RELEASE_LUA, [self.backend.get_key_for_task(key, key=LEASE_SUFFIX)],
+        run_script(client, RELEASE_LUA, [self.key(key, LEASE_SUFFIX)],
                    [holder])
 
     def _redis_client(self) -> Any | None:
@@ -222,14 +234,14 @@ class RecordStore:
         """Drop the claim on attempt ``key`` (the attempt will be delivered afresh)."""
         client = self._redis_client()
         if client is not None:
-            client.delete(self.backend.get_key_for_task(key, key=CLAIM_SUFFIX))
+            client.delete(self.key(key, CLAIM_SUFFIX))
 
     def delete(self, task_id: str) -> None:
         """Remove the stored record, if any."""
         if not self.enabled:
             return
         if self._key_value:
-            self.backend.delete(self.backend.get_key_for_task(task_id, key=RECORD_SUFFIX))
+            self.backend.delete(self.key(task_id, RECORD_SUFFIX))
         else:
             self.backend.forget(task_id + RECORD_SUFFIX)
 

@@ -34,3 +34,24 @@ def test_setting_reads_what_conf_get_reads(app: Any, key: str) -> None:
 
 def test_a_namespaced_setting_is_found() -> None:
     assert setting(_apps()[2], "ojs_visibility_heartbeat", True) is False
+
+
+def test_the_app_default_policy_follows_its_setting_changed_in_place_or_replaced() -> None:
+    from celery_ext._policy import APP_DEFAULT_SETTING, app_policy, task_policy
+    from ojs_adapters import OjsValidationError
+
+    app = Celery("policies", broker="memory://", set_as_current=False)
+    assert app_policy(app).max_attempts == 3  # the OJS default
+    default = {"max_attempts": 5}
+    app.conf[APP_DEFAULT_SETTING] = default
+    assert app_policy(app).max_attempts == 5
+    default["max_attempts"] = 7  # mutated in place: not the cached policy
+    assert app_policy(app).max_attempts == 7
+    task_data = {"backoff_strategy": "none"}
+    assert task_policy(task_data, app).max_attempts == 7
+    task_data["max_attempts"] = 2
+    assert task_policy(task_data, app).max_attempts == 2
+    app.conf[APP_DEFAULT_SETTING] = {"max_attempts": "many"}
+    for _ in range(2):  # an invalid setting is refused every time, never cached
+        with pytest.raises(OjsValidationError):
+            app_policy(app)
