@@ -31,7 +31,7 @@ ALL_SECTIONS = ("core", "e2e", "timing", "memory", "web")
 
 
 def _settings(quick: bool) -> dict[str, Any]:
-    """Sizes per mode, to keep --quick under 3 minutes and the full run near 15 on 2 cores.
+    """Sizes per mode, --quick in about 5 minutes and the full run near 20 on 2 cores.
 
     The timing runs offer 30 failing jobs/s (half of Celery's failure throughput
     here), so lateness measures the timers, not a backlog.
@@ -78,7 +78,7 @@ def _each_side(brokers: tuple[str, ...], work: Callable[[Side], list[dict[str, A
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smaller runs (under 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="smaller runs (about 5 minutes)")
     parser.add_argument("--only", default=",".join(ALL_SECTIONS),
                         help="comma-separated sections to run (default: all)")
     parser.add_argument("--jobs", type=int, help="jobs per end-to-end batch, both frameworks")
