@@ -7,28 +7,11 @@ import time
 import uuid
 from typing import Any
 
-import pytest
-
 from ojs_adapters.runtime.group_commit import group_of, run_script
 
 #: Appends ARGV[1] to the list KEYS[1] and returns the list's new length.
 _PUSH = "return redis.call('RPUSH', KEYS[1], ARGV[1])"
 
-
-@pytest.fixture
-def client(redis_url: str) -> Any:
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def key(client: Any) -> Any:
-    name = f"ojs-test-gc-{uuid.uuid4().hex}"
-    yield name
-    client.delete(name)
 
 
 class _Gated:

@@ -12,22 +12,6 @@ from ojs_adapters.runtime import redis_wire
 from ojs_adapters.runtime.group_commit import run_script, script_sha
 
 
-@pytest.fixture
-def client(redis_url: str) -> Any:
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def key(client: Any) -> Any:
-    name = f"ojs-test-wire-{uuid.uuid4().hex}"
-    yield name
-    client.delete(name)
-
-
 def test_replies_come_back_in_order_with_an_error_reply_in_its_place(
         client: Any, key: str) -> None:
     pool = redis_wire.pool_of(client)
@@ -80,7 +64,7 @@ def test_a_script_redis_forgot_is_loaded_and_run_again(client: Any, key: str) ->
 def test_clients_it_does_not_know_keep_their_own_path(redis_url: str) -> None:
     import redis
 
-    class Instrumented(redis.Redis):
+    class Instrumented(redis.Redis):  # type: ignore[type-arg]
         pass
 
     single = redis.Redis.from_url(redis_url, single_connection_client=True)
