@@ -43,6 +43,8 @@ def _plain_pool(client: Any) -> Any:
         return _NO_POOL
     if getattr(client, "connection", None) is not None:  # single_connection_client
         return _NO_POOL
+    if "execute_command" in vars(client):  # wrapped on this client alone
+        return _NO_POOL
     pool = getattr(client, "connection_pool", None)
     if not (hasattr(pool, "get_connection") and hasattr(pool, "release")):
         return _NO_POOL

@@ -119,3 +119,14 @@ def test_in_one_batch_a_forgotten_script_is_reloaded_and_a_known_one_runs_once(
     assert not client.script_exists(script_sha(forgotten))[0]
     replies = _on_wire(redis_wire.pool_of(client), [(known, [key], []), (forgotten, [key], [])])
     assert replies == [1, 11] and client.get(key) == b"11"
+
+
+def test_a_client_wrapped_on_its_own_keeps_its_path(redis_url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.execute_command = client.execute_command  # type: ignore[method-assign]
+        assert redis_wire.pool_of(client) is None
+    finally:
+        client.close()
