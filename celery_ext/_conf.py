@@ -16,24 +16,29 @@ from celery.utils.collections import ConfigurationView, DictAttribute
 _PLAIN = (dict, DictAttribute)
 
 
-#: The spellings of a key Celery looks up, per configuration object and key (and the
-#: object itself, so a new one with a recycled ``id`` is not taken for it).
-_SPELLINGS: dict[tuple[int, str], tuple[Any, tuple[Any, ...]]] = {}
+#: The spellings Celery looks a key up by, per naming (prefix, old-name translators, key
+#: type) and key: a configuration's prefix is set when it loads (``config_from_object``
+#: with a namespace), so the cache goes by the naming, never by the object.
+_SPELLINGS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
 def setting(app: Any, key: str, default: Any = None) -> Any:
     """``app.conf.get(key, default)``: the same names in the same maps, in the same order."""
     conf = app.conf
-    known = _SPELLINGS.get((id(conf), key))
-    if known is None or known[0] is not conf:
-        if not isinstance(conf, ConfigurationView):  # not loaded yet: its own get loads it
-            return conf.get(key, default)
-        known = _SPELLINGS[id(conf), key] = (
-            conf, tuple(dict.fromkeys(conf._key(k) for k in conf._to_keys(key))))
-    names = known[1]
-    for mapping in conf.maps:
+    if not isinstance(conf, ConfigurationView):  # not loaded yet: its own get loads it
+        return conf.get(key, default)
+    maps = conf.maps
+    for mapping in maps:
         if type(mapping) not in _PLAIN:  # still loading: its own get
             return conf.get(key, default)
+    naming = (conf.prefix, conf._keys, conf.key_t, key)
+    names = _SPELLINGS.get(naming)
+    if names is None:
+        if len(_SPELLINGS) >= 1024:
+            _SPELLINGS.clear()
+        names = _SPELLINGS[naming] = tuple(dict.fromkeys(
+            conf._key(k) for k in conf._to_keys(key)))
+    for mapping in maps:
         for name in names:
             if name in mapping:
                 return mapping[name]

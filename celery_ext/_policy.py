@@ -108,7 +108,7 @@ def _built(data: Any, base: RetryPolicy | None) -> RetryPolicy:
     if data is None or isinstance(data, RetryPolicy):
         return RetryPolicy.from_dict(data, base=base)
     known = _BUILT.get(id(data))
-    if known is not None and known[0] is data and known[2] is base and known[1] == data:
+    if known is not None and known[0] is data and known[2] is base and _same(known[1], data):
         return known[3]
     policy = RetryPolicy.from_dict(data, base=base)
     try:
@@ -119,3 +119,15 @@ def _built(data: Any, base: RetryPolicy | None) -> RetryPolicy:
         _BUILT.clear()
     _BUILT[id(data)] = (data, kept, base, policy)
     return policy
+
+
+def _same(kept: Any, now: Any) -> bool:
+    """Equal and of the same types all the way down: ``True`` is not ``1`` to the policy
+    schema, and a live mapping (a settings proxy) is never its copy."""
+    if type(kept) is not type(now):
+        return False
+    if isinstance(kept, dict):
+        return kept.keys() == now.keys() and all(_same(v, now[k]) for k, v in kept.items())
+    if isinstance(kept, (list, tuple)):
+        return len(kept) == len(now) and all(map(_same, kept, now))
+    return bool(kept == now)

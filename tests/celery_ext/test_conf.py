@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from celery import Celery
@@ -55,3 +55,35 @@ def test_the_app_default_policy_follows_its_setting_changed_in_place_or_replaced
     for _ in range(2):  # an invalid setting is refused every time, never cached
         with pytest.raises(OjsValidationError):
             app_policy(app)
+
+
+class _DjangoPolicy:
+    CELERY_BROKER_URL = "memory://"
+    CELERY_OJS_DEFAULT_RETRY_POLICY: ClassVar[dict[str, int]] = {"max_attempts": 9}
+
+
+def test_a_namespaced_setting_first_read_while_the_config_loads_is_found_after() -> None:
+    from celery_ext import OjsTask
+    from celery_ext._policy import APP_DEFAULT_SETTING, app_policy
+
+    app = Celery("django-like", set_as_current=False)
+    app.config_from_object(_DjangoPolicy, namespace="CELERY")
+
+    @app.task(base=OjsTask, shared=False)
+    def add(x: int) -> int:  # defined (and its policy read) before the config loads
+        return x
+
+    assert add.name
+    assert setting(app, APP_DEFAULT_SETTING) == {"max_attempts": 9}
+    assert app_policy(app).max_attempts == 9
+
+
+def test_an_in_place_edit_the_schema_refuses_is_not_taken_for_the_cached_policy() -> None:
+    from celery_ext._policy import _built
+    from ojs_adapters import OjsValidationError
+
+    data: dict[str, Any] = {"max_attempts": 1}
+    assert _built(data, None).max_attempts == 1
+    data["max_attempts"] = True  # equal to 1, but not a number to the schema
+    with pytest.raises(OjsValidationError):
+        _built(data, None)
