@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from celery_ext._handoff import broker_driver
 from ojs_adapters.runtime import redis_wire
 
 #: The rider of the publish under way in this thread (a registry of one per thread).
@@ -60,10 +61,17 @@ def shares_server(app: Any, client: Any) -> bool:
     known = _SHARED_REGISTRY.get(app)
     if known is None:
         module = sys.modules.get("kombu.transport.redis")
-        with app.connection_for_write() as conn:
-            channel = conn.default_channel
-            known = module is not None and isinstance(channel, module.Channel) and \
-                _same_server(channel, client)
+        try:
+            # The transport's name needs no connection: AMQP is never asked for a channel
+            # here, on a hand-off's path that the broker may just have cut.
+            known = module is not None and broker_driver(app) == "redis"
+            if module is not None and known:
+                with app.connection_for_write() as conn:
+                    channel = conn.default_channel
+                    known = isinstance(channel, module.Channel) and \
+                        _same_server(channel, client)
+        except Exception:  # out of reach: no ride this time (the save goes alone); ask again
+            return False
         _SHARED_REGISTRY[app] = known
     return known
 

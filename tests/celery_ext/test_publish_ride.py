@@ -183,3 +183,22 @@ def test_a_worker_reads_no_result_meta_before_storing_an_outcome(
     metas = {env.app.backend.get_key_for_task(t.id): t for t in (done, retried, dead)}
     read = [metas[key] for key in reads if key in metas]
     assert read == [retried], "only the RETRY store reads the meta from Redis"
+
+
+def test_an_amqp_broker_is_never_asked_for_a_channel_to_know_it_shares_nothing(
+        redis_url: str) -> None:
+    """The check runs on a hand-off's path, when the broker may just have been cut: on
+    AMQP it reads the transport's name only (port 1: any connection attempt fails)."""
+    import redis
+    from celery import Celery
+
+    from celery_ext._publish_ride import shares_server
+
+    app = Celery("unreachable", broker="amqp://guest:guest@127.0.0.1:1//",
+                 set_as_current=False)
+    app.conf.broker_connection_retry = False
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert shares_server(app, client) is False
+    finally:
+        client.close()
