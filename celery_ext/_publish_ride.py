@@ -64,8 +64,9 @@ def shares_server(app: Any, client: Any) -> bool:
         try:
             # The transport's name needs no connection: AMQP is never asked for a channel
             # here, on a hand-off's path that the broker may just have cut.
-            known = module is not None and broker_driver(app) == "redis"
-            if module is not None and known:
+            if module is None or broker_driver(app) != "redis":
+                known = False
+            else:
                 with app.connection_for_write() as conn:
                     channel = conn.default_channel
                     known = isinstance(channel, module.Channel) and \
@@ -124,14 +125,7 @@ def _put_riding(self: Any, queue: str, message: Any, **kwargs: Any) -> None:
     save = ("EVAL", rider.lua, len(rider.keys), *rider.keys, *rider.args)
     push = ("LPUSH", key, dumps(message))  # type: ignore[no-untyped-call]
     commands = [save, push] if rider.first else [push, save]
-    pool = redis_wire.pool_of(rider.client)
-    if pool is not None:
-        replies = redis_wire.transaction(pool, commands)
-    else:
-        with rider.client.pipeline(transaction=True) as pipe:
-            for command in commands:
-                pipe.execute_command(*command)
-            replies = pipe.execute(raise_on_error=False)  # raises if nothing was applied
+    replies = redis_wire.transaction(rider.client, commands)  # raises if nothing applied
     rider.armed = False  # a failed try keeps it armed: the next try rides again
     pushed, saved = (replies[1], replies[0]) if rider.first else (replies[0], replies[1])
     rider.written = not isinstance(saved, Exception)

@@ -169,16 +169,8 @@ def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
 
 def _write(client: Any, key: Any, value: Any, expires: Any, ride: tuple[Any, ...]) -> list[Any]:
     """Celery's ``SETEX`` (or ``SET``) and ``PUBLISH`` of ``key``, then ``ride``, in one
-    transaction; each reply, errors in place. Straight to the wire on redis-py's own
-    clients (``redis_wire``), else through the client's pipeline."""
+    transaction (``redis_wire``); each reply, errors in place."""
     seconds = int(expires.total_seconds()) if isinstance(expires, datetime.timedelta) \
         else expires  # as redis-py's ``setex`` reads it
     write = ("SETEX", key, seconds, value) if expires else ("SET", key, value)
-    pool = redis_wire.pool_of(client)
-    if pool is not None:
-        return redis_wire.transaction(pool, [write, ("PUBLISH", key, value), ride])
-    with client.pipeline() as pipe:
-        pipe.execute_command(*write)
-        pipe.publish(key, value)
-        pipe.execute_command(*ride)
-        return list(pipe.execute(raise_on_error=False))
+    return redis_wire.transaction(client, [write, ("PUBLISH", key, value), ride])

@@ -88,14 +88,7 @@ class _Dispatch:
         # without the save.
         save = ("EVAL", ORDERED_SAVE_LUA, 1, key, *save_args)
         ack = ("EVALSHA", self.real.sha, len(keys), *keys, *argv)
-        pool = redis_wire.pool_of(store.client)
-        if pool is not None:
-            saved, acked = redis_wire.transaction(pool, [save, ack])
-        else:
-            with store.client.pipeline(transaction=True) as pipe:
-                pipe.execute_command(*save)
-                pipe.execute_command(*ack)
-                saved, acked = pipe.execute(raise_on_error=False)
+        saved, acked = redis_wire.transaction(store.client, [save, ack])
         if isinstance(acked, Exception):  # NOSCRIPT, say: the ack alone (it loads it)
             acked = self.real(keys=keys, args=argv)
         if isinstance(saved, Exception):  # the ack went: the record right after it

@@ -73,7 +73,7 @@ def send(pool: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
     ``retry`` says (as ``execute_command`` does), the connection dropped first, so
     nothing is half read; then raised.
     """
-    conn = _connection(pool)
+    conn = pool.get_connection()  # redis-py 6+ (``pool_of``): no command name
     try:
         packed = conn.pack_commands(commands)
         retry = getattr(conn, "retry", None)
@@ -101,22 +101,22 @@ def _exchange(conn: Any, packed: Any, replies_due: int) -> list[Any]:
     return replies
 
 
-def _connection(pool: Any) -> Any:
-    try:
-        return pool.get_connection()
-    except TypeError:  # redis-py before 5.3 wants a command name
-        return pool.get_connection("EVALSHA")
-
-
 def is_reply_error(error: BaseException) -> bool:
     """Whether ``error`` is an error *reply* from Redis (the connection is still good)."""
     return any(cls.__name__ == "ResponseError" for cls in type(error).__mro__)
 
 
-def transaction(pool: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
-    """``commands`` in one ``MULTI``/``EXEC``, one write; each command's reply (an error as
-    its exception object). A command Redis refused to queue aborts the whole block: its
-    error is raised, as redis-py's transactions do."""
+def transaction(client: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    """``commands`` in one ``MULTI``/``EXEC``; each command's reply (an error as its
+    exception object). A command Redis refused to queue aborts the whole block: its error
+    is raised, as redis-py's transactions do. One write on ``pool_of(client)``; a client
+    this module leaves alone goes through its own ``pipeline``."""
+    pool = pool_of(client)
+    if pool is None:
+        with client.pipeline(transaction=True) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(pipe.execute(raise_on_error=False))
     replies = send(pool, [("MULTI",), *commands, ("EXEC",)])
     done = replies[-1]
     if isinstance(done, BaseException) or done is None:

@@ -79,12 +79,12 @@ def test_clients_it_does_not_know_keep_their_own_path(redis_url: str) -> None:
 def test_a_transaction_gives_each_reply_and_a_refused_command_aborts_it(
         client: Any, key: str) -> None:
     pool = redis_wire.pool_of(client)
-    replies = redis_wire.transaction(pool, [
+    replies = redis_wire.transaction(client, [
         ("SET", key, "1"), ("EVALSHA", "0" * 40, 0), ("INCR", key)])
     assert replies[0] == b"OK" and replies[2] == 2
     assert type(replies[1]).__name__ == "NoScriptError"  # a run-time error stays in place
     with pytest.raises(Exception, match="wrong number of arguments"):
-        redis_wire.transaction(pool, [("INCR", key), ("GET",)])
+        redis_wire.transaction(client, [("INCR", key), ("GET",)])
     assert client.get(key) == b"2"  # the refused block ran nothing
     assert redis_wire.send(pool, [("PING",)]) == [b"PONG"]  # and left the connection in step
 
@@ -128,5 +128,25 @@ def test_a_client_wrapped_on_its_own_keeps_its_path(redis_url: str) -> None:
     try:
         client.execute_command = client.execute_command  # type: ignore[method-assign]
         assert redis_wire.pool_of(client) is None
+    finally:
+        client.close()
+
+
+def test_a_client_it_leaves_alone_gets_the_same_transaction_through_its_pipeline(
+        redis_url: str, key: str) -> None:
+    import redis
+
+    class Own(redis.Redis):  # type: ignore[type-arg]
+        pass
+
+    client = Own.from_url(redis_url)
+    try:
+        assert redis_wire.pool_of(client) is None
+        replies = redis_wire.transaction(client, [
+            ("SET", key, "1"), ("EVALSHA", "0" * 40, 0), ("INCR", key)])
+        assert replies[2] == 2 and type(replies[1]).__name__ == "NoScriptError"
+        with pytest.raises(Exception, match="wrong number of arguments"):
+            redis_wire.transaction(client, [("INCR", key), ("GET",)])
+        assert client.get(key) == b"2"
     finally:
         client.close()
