@@ -7,7 +7,7 @@ reply, and passes the lead to a thread that queued meanwhile. Each caller still 
 its own reply (or error) before it returns, so no guarantee changes: only the round
 trips are shared (docs/cost.md). Alone, a call goes out at once, as before.
 
-On redis-py's own clients the batch is written straight to a pooled connection
+On redis-py's own clients the batch is written straight to a connection the group keeps
 (``redis_wire``); other clients get their own ``evalsha`` and ``pipeline``. The client
 is passed in; nothing here imports redis.
 """
@@ -62,6 +62,7 @@ class GroupCommit:
         self._lock = threading.Lock()
         self._queue: list[_Call] = []
         self._busy = False  # a thread is on the wire (it will hand the lead on)
+        self._line = redis_wire.Line()  # the connection of whoever is on the wire
 
     def run(self, client: Any, lua: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run the Lua script ``lua`` on ``keys`` and ``args``; its reply, or its error."""
@@ -77,7 +78,7 @@ class GroupCommit:
                 pool = redis_wire.pool_of(client)
                 if pool is None:
                     return _evalsha(client, lua, keys, args)
-                reply = _on_wire(pool, [(lua, keys, args)])[0]
+                reply = _on_wire(self._line, pool, [(lua, keys, args)])[0]
                 if isinstance(reply, BaseException):
                     raise reply
                 return reply
@@ -112,7 +113,8 @@ class GroupCommit:
         try:
             pool = redis_wire.pool_of(client)
             if pool is not None:
-                replies = _on_wire(pool, [(call.lua, call.keys, call.args) for call in batch])
+                replies = _on_wire(self._line, pool,
+                                   [(call.lua, call.keys, call.args) for call in batch])
             elif len(batch) == 1:
                 call = batch[0]
                 call.reply = _evalsha(client, call.lua, call.keys, call.args)
@@ -142,19 +144,19 @@ class GroupCommit:
 Script = tuple[str, Sequence[Any], Sequence[Any]]
 
 
-def _on_wire(pool: Any, scripts: Sequence[Script]) -> list[Any]:
-    """``EVALSHA`` of each script in one write (``redis_wire``); those Redis does not know
+def _on_wire(line: redis_wire.Line, pool: Any, scripts: Sequence[Script]) -> list[Any]:
+    """``EVALSHA`` of each script in one write on ``line``; those Redis does not know
     (NOSCRIPT: a restart, a flush) loaded and sent again, in a second write."""
     def evalsha(lua: str, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
         return ("EVALSHA", script_sha(lua), len(keys), *keys, *args)
 
-    replies = redis_wire.send(pool, [evalsha(*script) for script in scripts])
+    replies = line.send(pool, [evalsha(*script) for script in scripts])
     again = [i for i, reply in enumerate(replies) if _no_script(reply)]
     if again:  # the others ran: whatever happens now is only the again calls' reply
         sources = list(dict.fromkeys(scripts[i][0] for i in again))
         try:
-            retried = redis_wire.send(pool, [("SCRIPT", "LOAD", lua) for lua in sources]
-                                      + [evalsha(*scripts[i]) for i in again])
+            retried = line.send(pool, [("SCRIPT", "LOAD", lua) for lua in sources]
+                                + [evalsha(*scripts[i]) for i in again])
         except Exception as error:
             retried = [error] * (len(sources) + len(again))
         loaded = dict(zip(sources, retried, strict=False))

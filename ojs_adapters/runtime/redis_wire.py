@@ -66,7 +66,8 @@ def _untouched(client: Any) -> bool:
 
 
 def send(pool: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
-    """Write ``commands`` in one go and read their replies, in order.
+    """Write ``commands`` in one go on a connection of ``pool`` and read their replies,
+    in order.
 
     An error reply (``NOSCRIPT``, a script's error) comes back as its exception
     object, in its place. A connection failure is retried as the client's own
@@ -75,17 +76,76 @@ def send(pool: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
     """
     conn = pool.get_connection()  # redis-py 6+ (``pool_of``): no command name
     try:
-        packed = conn.pack_commands(commands)
-        retry = getattr(conn, "retry", None)
-        if retry is None:
-            return _exchange(conn, packed, len(commands))
-        return retry.call_with_retry(  # type: ignore[no-any-return]
-            lambda: _exchange(conn, packed, len(commands)), lambda *_: conn.disconnect())
+        return _send_on(conn, commands)
     except BaseException:
         conn.disconnect()
         raise
     finally:
         pool.release(conn)
+
+
+class Line:
+    """One connection of a pool, kept between the sends of a caller that sends one batch
+    at a time (group commit's leader): a pool checkout and release cost 14 µs a call
+    here. A failed send gives the connection back (dropped); the next one takes another.
+    Not thread-safe: its owner sends from one thread at a time."""
+
+    __slots__ = ("_conn", "_pool")
+
+    def __init__(self) -> None:
+        self._conn: Any = None
+        self._pool: Any = None
+
+    def send(self, pool: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """As module-level ``send``, on the kept connection (of ``pool`` or of another
+        pool with the same settings)."""
+        conn = self._conn
+        if conn is None:
+            conn = pool.get_connection()
+            self._conn, self._pool = conn, pool
+        try:
+            return _send_on(conn, commands)
+        except BaseException:
+            self._conn = None
+            conn.disconnect()
+            self._pool.release(conn)
+            raise
+
+
+def _send_on(conn: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    packed = _pack(conn, commands)
+    retry = getattr(conn, "retry", None)
+    if retry is None:
+        return _exchange(conn, packed, len(commands))
+    return retry.call_with_retry(  # type: ignore[no-any-return]
+        lambda: _exchange(conn, packed, len(commands)), lambda *_: conn.disconnect())
+
+
+def _pack(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:
+    """The commands in RESP, as redis-py's encoder writes them; bytes, ``str`` (UTF-8,
+    strict) and ``int`` arguments packed here at a third of its cost, anything else by
+    ``conn.pack_commands``."""
+    encoder = getattr(conn, "encoder", None)
+    if getattr(encoder, "encoding", None) not in ("utf-8", "utf8") \
+            or getattr(encoder, "encoding_errors", None) != "strict":
+        return conn.pack_commands(commands)
+    out: list[bytes] = []
+    for command in commands:
+        if not command or (isinstance(command[0], str) and " " in command[0]):
+            return conn.pack_commands(commands)  # redis-py splits "SCRIPT LOAD"
+        out.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            kind = type(arg)
+            if kind is bytes:
+                data = arg
+            elif kind is str:
+                data = arg.encode()
+            elif kind is int:
+                data = b"%d" % arg
+            else:
+                return conn.pack_commands(commands)
+            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return [b"".join(out)]
 
 
 def _exchange(conn: Any, packed: Any, replies_due: int) -> list[Any]:

@@ -7,6 +7,8 @@ import uuid
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ojs_adapters.runtime import redis_wire
 from ojs_adapters.runtime.group_commit import run_script, script_sha
@@ -117,7 +119,8 @@ def test_in_one_batch_a_forgotten_script_is_reloaded_and_a_known_one_runs_once(
     forgotten = f"-- forgotten {key}\nreturn redis.call('INCRBY', KEYS[1], 10)"
     client.script_load(known)
     assert not client.script_exists(script_sha(forgotten))[0]
-    replies = _on_wire(redis_wire.pool_of(client), [(known, [key], []), (forgotten, [key], [])])
+    replies = _on_wire(redis_wire.Line(), redis_wire.pool_of(client),
+                       [(known, [key], []), (forgotten, [key], [])])
     assert replies == [1, 11] and client.get(key) == b"11"
 
 
@@ -150,3 +153,39 @@ def test_a_client_it_leaves_alone_gets_the_same_transaction_through_its_pipeline
         assert client.get(key) == b"2"
     finally:
         client.close()
+
+
+def test_a_line_keeps_one_connection_and_gives_a_failed_one_back_dropped(
+        client: Any, key: str) -> None:
+    pool = redis_wire.pool_of(client)
+    line = redis_wire.Line()
+    assert line.send(pool, [("SET", key, "1")]) == [b"OK"]
+    kept = line._conn
+    assert kept in pool._in_use_connections  # checked out, not shared with other callers
+    assert line.send(pool, [("INCR", key)]) == [2] and line._conn is kept
+    import redis
+
+    with pytest.raises(redis.DataError):  # the send failed: its connection is not kept
+        line.send(pool, [("SET", key, object())])
+    assert line._conn is None and kept not in pool._in_use_connections
+    assert line.send(pool, [("GET", key)]) == [b"2"]  # a connection taken anew
+
+
+_ARG = st.one_of(st.binary(max_size=40), st.text(max_size=40),
+                 st.integers(min_value=-2**70, max_value=2**70))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(_ARG, min_size=1, max_size=6).map(lambda c: ["EVALSHA", *c]),
+                min_size=1, max_size=4))
+def test_commands_are_packed_as_redis_py_packs_them(commands: list[list[Any]]) -> None:
+    import redis
+
+    conn = redis.Connection()
+    assert b"".join(redis_wire._pack(conn, commands)) == b"".join(conn.pack_commands(commands))
+
+
+def test_what_the_short_packer_does_not_know_goes_to_redis_py(client: Any, key: str) -> None:
+    pool = redis_wire.pool_of(client)
+    assert redis_wire.send(pool, [("SET", key, 1.5), ("GET", key)]) == [b"OK", b"1.5"]
+    assert redis_wire.send(pool, [("SCRIPT EXISTS", "0" * 40)]) == [[0]]
