@@ -101,6 +101,7 @@ class RetryPolicy:
     _prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False, hash=False)
     _matches: dict[tuple[str, ...], str | None] = field(
         init=False, repr=False, compare=False, hash=False)
+    _dict: dict[str, Any] | None = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         setter = object.__setattr__
@@ -112,6 +113,7 @@ class RetryPolicy:
         setter(self, "_prefixes", tuple(e[:-1] for e in self.non_retryable_errors
                                         if e.endswith(".*")))
         setter(self, "_matches", {})  # memo of matching_entry, bounded below
+        setter(self, "_dict", None)  # memo of to_dict (every attempt's record holds it)
 
     # -- construction -----------------------------------------------------------------
 
@@ -156,6 +158,13 @@ class RetryPolicy:
         The opt-in extensions (``jitter_mode``, ``max_duration``) appear only when set
         away from their defaults, so a plain OJS policy stays in the spec's shape.
         """
+        memo = self._dict
+        if memo is None:
+            memo = self._as_dict()
+            object.__setattr__(self, "_dict", memo)
+        return {**memo, "non_retryable_errors": list(self.non_retryable_errors)}
+
+    def _as_dict(self) -> dict[str, Any]:
         out = {
             "max_attempts": self.max_attempts,
             "initial_interval": format_duration(self.initial_interval),
