@@ -15,6 +15,7 @@ callers use the client's public API.
 
 from __future__ import annotations
 
+import os
 import sys
 import weakref
 from collections.abc import Sequence
@@ -73,36 +74,91 @@ def send(pool: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
     object, in its place. A connection failure is retried as the client's own
     ``retry`` says (as ``execute_command`` does), the connection dropped first, so
     nothing is half read; then raised.
+
+    Up to ``KEPT`` connections of a pool that allows ``KEPT_FROM`` or more wait here
+    between calls instead of going back to it: a checkout from redis-py's pool and its
+    release cost 14 µs a call, a poll of the socket among it.
     """
-    conn = pool.get_connection()  # redis-py 6+ (``pool_of``): no command name
+    kept = _kept_of(pool)
     try:
-        return _send_on(conn, commands)
+        conn = _checked(pool, kept.pop()) if kept else pool.get_connection()
+    except IndexError:  # another thread took the last one meanwhile
+        conn = pool.get_connection()  # redis-py 6+ (``pool_of``): no command name
+    try:
+        replies = _send_on(conn, commands)
     except BaseException:
         conn.disconnect()
-        raise
-    finally:
         pool.release(conn)
+        raise
+    if kept is not None and len(kept) < KEPT:
+        kept.append(conn)
+    else:
+        pool.release(conn)
+    return replies
+
+
+#: Connections kept per pool between ``send`` calls (about one per worker thread).
+KEPT = 8
+#: Smallest ``max_connections`` of a pool whose connections ``send`` keeps (redis-py's
+#: default is 100; a small bound is its owner's to ration).
+KEPT_FROM = 32
+#: Per pool: the process that kept them, and the kept connections.
+_KEPT: weakref.WeakKeyDictionary[Any, tuple[int, list[Any]]] = weakref.WeakKeyDictionary()
+
+
+def _kept_of(pool: Any) -> list[Any] | None:
+    """The kept connections of ``pool``, or ``None`` if it keeps none; a forked child
+    starts with none (its parent's sockets are the parent's)."""
+    try:
+        found = _KEPT.get(pool)
+    except TypeError:
+        return None
+    pid = os.getpid()
+    if found is None or found[0] != pid:
+        bound = getattr(pool, "max_connections", 0)
+        if not isinstance(bound, int) or bound < KEPT_FROM:
+            return None
+        found = _KEPT[pool] = (pid, [])
+    return found[1]
+
+
+def _checked(pool: Any, conn: Any) -> Any:
+    """``conn`` if it is still in step, as redis-py's pool checks a connection it hands
+    out (nothing left to read, not closed by the server: a restart, an idle timeout);
+    else given back dropped, and a new one of ``pool``."""
+    try:
+        stale = conn.can_read()
+    except Exception:
+        stale = True
+    if not stale:
+        return conn
+    conn.disconnect()
+    pool.release(conn)
+    return pool.get_connection()
 
 
 class Line:
     """One connection of a pool, kept between the sends of a caller that sends one batch
-    at a time (group commit's leader): a pool checkout and release cost 14 µs a call
-    here. A failed send gives the connection back (dropped); the next one takes another.
-    Not thread-safe: its owner sends from one thread at a time."""
+    at a time (group commit's leader, one thread): a pool checkout and release cost 14 µs
+    a call here. A failed send gives the connection back (dropped); the next one takes
+    another. A forked child forgets its parent's connection (the socket is the parent's)."""
 
-    __slots__ = ("_conn", "_pool")
+    __slots__ = ("_conn", "_pid", "_pool")
 
     def __init__(self) -> None:
         self._conn: Any = None
         self._pool: Any = None
+        self._pid = 0
 
     def send(self, pool: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
         """As module-level ``send``, on the kept connection (of ``pool`` or of another
         pool with the same settings)."""
         conn = self._conn
-        if conn is None:
+        if conn is None or self._pid != os.getpid():
             conn = pool.get_connection()
-            self._conn, self._pool = conn, pool
+            self._conn, self._pool, self._pid = conn, pool, os.getpid()
+        else:
+            conn = self._conn = _checked(self._pool, conn)
         try:
             return _send_on(conn, commands)
         except BaseException:

@@ -189,3 +189,63 @@ def test_what_the_short_packer_does_not_know_goes_to_redis_py(client: Any, key: 
     pool = redis_wire.pool_of(client)
     assert redis_wire.send(pool, [("SET", key, 1.5), ("GET", key)]) == [b"OK", b"1.5"]
     assert redis_wire.send(pool, [("SCRIPT EXISTS", "0" * 40)]) == [[0]]
+
+
+def test_a_pool_s_connection_is_kept_between_calls_not_checked_out_each_time(
+        client: Any, key: str) -> None:
+    pool = redis_wire.pool_of(client)
+    redis_wire.send(pool, [("SET", key, "1")])
+    kept = set(pool._in_use_connections)
+    assert len(kept) == 1  # kept here, out of redis-py's pool
+    assert redis_wire.send(pool, [("INCR", key)]) == [2]
+    assert set(pool._in_use_connections) == kept  # the same one, used again
+
+
+def test_a_bounded_pool_gets_its_connection_back_after_each_call(
+        redis_url: str, key: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url, max_connections=4)
+    try:
+        pool = redis_wire.pool_of(client)
+        assert redis_wire.send(pool, [("SET", key, "1"), ("GET", key)]) == [b"OK", b"1"]
+        assert not pool._in_use_connections
+    finally:
+        client.delete(key)
+        client.close()
+
+
+def test_a_forked_child_does_not_write_on_its_parents_connection(
+        client: Any, key: str) -> None:
+    import os
+
+    pool = redis_wire.pool_of(client)
+    assert redis_wire.send(pool, [("SET", key, "parent")]) == [b"OK"]
+    child = os.fork()
+    if child == 0:  # the child: its own connection, its own replies
+        ok = redis_wire.send(pool, [("APPEND", key, "+child"), ("GET", key)])
+        os._exit(0 if ok == [12, b"parent+child"] else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # the parent's kept connection is still in step: its next reply is its own
+    assert redis_wire.send(pool, [("GET", key)]) == [b"parent+child"]
+
+
+def test_group_commit_replaces_its_kept_connection_once_the_server_closed_it(
+        client: Any, key: str, redis_url: str) -> None:
+    import redis
+
+    from ojs_adapters.runtime.group_commit import group_of
+
+    lua = f"-- {key}\nreturn redis.call('INCR', KEYS[1])"
+    assert run_script(client, lua, [key], []) == 1
+    name = f"ojs-line-{uuid.uuid4().hex[:8]}"
+    pool = redis_wire.pool_of(client)
+    assert group_of(client)._line.send(pool, [("CLIENT", "SETNAME", name)]) == [b"OK"]
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        assert admin.client_kill_filter(_id=next(
+            c["id"] for c in admin.client_list() if c.get("name") == name)) == 1
+    finally:
+        admin.close()
+    assert run_script(client, lua, [key], []) == 2  # on a new connection, no error
