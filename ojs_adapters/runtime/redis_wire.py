@@ -15,8 +15,10 @@ callers use the client's public API.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -75,51 +77,73 @@ def send(pool: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
     ``retry`` says (as ``execute_command`` does), the connection dropped first, so
     nothing is half read; then raised.
 
-    Up to ``KEPT`` connections of a pool that allows ``KEPT_FROM`` or more wait here
-    between calls instead of going back to it: a checkout from redis-py's pool and its
-    release cost 14 µs a call, a poll of the socket among it.
+    A few connections of a large pool wait here between calls instead of going back to
+    it (``keepable``): a checkout from redis-py's pool and its release cost 10-14 µs a
+    call, a poll of the socket among it.
     """
     kept = _kept_of(pool)
-    try:
-        conn = _checked(pool, kept.pop()) if kept else pool.get_connection()
-    except IndexError:  # another thread took the last one meanwhile
-        conn = pool.get_connection()  # redis-py 6+ (``pool_of``): no command name
+    conn = None
+    if kept is not None:
+        with contextlib.suppress(IndexError):  # none left: another thread took the last
+            conn = kept[2].pop()
+    conn = pool.get_connection() if conn is None else _checked(pool, conn)
     try:
         replies = _send_on(conn, commands)
     except BaseException:
         conn.disconnect()
         pool.release(conn)
         raise
-    if kept is not None and len(kept) < KEPT:
-        kept.append(conn)
-    else:
+    if kept is None or not _keep(kept, conn):
         pool.release(conn)
     return replies
 
 
-#: Connections kept per pool between ``send`` calls (about one per worker thread).
+#: Connections kept out of one pool between ``send`` calls at most (about one per worker
+#: thread), and never more than a sixteenth of the pool's bound.
 KEPT = 8
-#: Smallest ``max_connections`` of a pool whose connections ``send`` keeps (redis-py's
-#: default is 100; a small bound is its owner's to ration).
-KEPT_FROM = 32
-#: Per pool: the process that kept them, and the kept connections.
-_KEPT: weakref.WeakKeyDictionary[Any, tuple[int, list[Any]]] = weakref.WeakKeyDictionary()
+#: The attribute of a pool holding its kept connections: (pid, how many, the list).
+_KEPT_ATTRIBUTE = "_ojs_wire_kept"
+_KEPT_LOCK = threading.Lock()
 
 
-def _kept_of(pool: Any) -> list[Any] | None:
-    """The kept connections of ``pool``, or ``None`` if it keeps none; a forked child
-    starts with none (its parent's sockets are the parent's)."""
-    try:
-        found = _KEPT.get(pool)
-    except TypeError:
-        return None
+def keepable(pool: Any) -> int:
+    """How many connections of ``pool`` may stay out of it between calls: a sixteenth of
+    its ``max_connections`` (redis-py's default 100: 6), at most ``KEPT``. None of a pool
+    whose ``release`` does more than take a connection back: RESP3 (maintenance
+    notifications, client-side caching) or a credential provider (rotated passwords)."""
+    bound = getattr(pool, "max_connections", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if type(bound) is not int or not isinstance(kwargs, dict):
+        return 0
+    if kwargs.get("protocol") not in (None, 2, "2") or getattr(pool, "cache", None) \
+            is not None or kwargs.get("credential_provider") is not None:
+        return 0
+    return min(KEPT, bound // 16)
+
+
+def _kept_of(pool: Any) -> tuple[int, int, list[Any]] | None:
+    """``pool``'s kept connections, made once per process (a forked child starts with
+    none: its parent's sockets are the parent's); ``None`` if it keeps none."""
+    found: tuple[int, int, list[Any]] | None = getattr(pool, _KEPT_ATTRIBUTE, None)
     pid = os.getpid()
     if found is None or found[0] != pid:
-        bound = getattr(pool, "max_connections", 0)
-        if not isinstance(bound, int) or bound < KEPT_FROM:
-            return None
-        found = _KEPT[pool] = (pid, [])
-    return found[1]
+        with _KEPT_LOCK:
+            found = getattr(pool, _KEPT_ATTRIBUTE, None)
+            if found is None or found[0] != pid:
+                found = (pid, keepable(pool), [])
+                try:  # on the pool itself: it goes when the pool goes
+                    setattr(pool, _KEPT_ATTRIBUTE, found)
+                except AttributeError:
+                    return None
+    return found if found[1] else None
+
+
+def _keep(kept: tuple[int, int, list[Any]], conn: Any) -> bool:
+    with _KEPT_LOCK:
+        if len(kept[2]) >= kept[1]:
+            return False
+        kept[2].append(conn)
+        return True
 
 
 def _checked(pool: Any, conn: Any) -> Any:
@@ -138,10 +162,10 @@ def _checked(pool: Any, conn: Any) -> Any:
 
 
 class Line:
-    """One connection of a pool, kept between the sends of a caller that sends one batch
-    at a time (group commit's leader, one thread): a pool checkout and release cost 14 µs
-    a call here. A failed send gives the connection back (dropped); the next one takes
-    another. A forked child forgets its parent's connection (the socket is the parent's)."""
+    """One connection of a pool kept between the sends of a caller that sends one batch
+    at a time (group commit's leader), where the pool allows it (``keepable``). A failed
+    send gives the connection back (dropped); the next one takes another. A forked child
+    forgets its parent's connection (the socket is the parent's)."""
 
     __slots__ = ("_conn", "_pid", "_pool")
 
@@ -153,19 +177,21 @@ class Line:
     def send(self, pool: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
         """As module-level ``send``, on the kept connection (of ``pool`` or of another
         pool with the same settings)."""
-        conn = self._conn
-        if conn is None or self._pid != os.getpid():
-            conn = pool.get_connection()
-            self._conn, self._pool, self._pid = conn, pool, os.getpid()
+        conn, self._conn = self._conn, None  # held by no one while in doubt
+        if conn is not None and self._pid == os.getpid():
+            conn = _checked(self._pool, conn)
+        elif keepable(pool):
+            conn, self._pool, self._pid = pool.get_connection(), pool, os.getpid()
         else:
-            conn = self._conn = _checked(self._pool, conn)
+            return send(pool, commands)
         try:
-            return _send_on(conn, commands)
+            replies = _send_on(conn, commands)
         except BaseException:
-            self._conn = None
             conn.disconnect()
             self._pool.release(conn)
             raise
+        self._conn = conn
+        return replies
 
 
 def _send_on(conn: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
@@ -187,8 +213,9 @@ def _pack(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:
         return conn.pack_commands(commands)
     out: list[bytes] = []
     for command in commands:
-        if not command or (isinstance(command[0], str) and " " in command[0]):
-            return conn.pack_commands(commands)  # redis-py splits "SCRIPT LOAD"
+        name = command[0] if command else None
+        if type(name) is not str or not name.isalpha():
+            return conn.pack_commands(commands)  # redis-py splits "SCRIPT LOAD", drops ""
         out.append(b"*%d\r\n" % len(command))
         for arg in command:
             kind = type(arg)

@@ -175,14 +175,24 @@ _ARG = st.one_of(st.binary(max_size=40), st.text(max_size=40),
                  st.integers(min_value=-2**70, max_value=2**70))
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(_ARG, min_size=1, max_size=6).map(lambda c: ["EVALSHA", *c]),
+_NAME = st.one_of(st.sampled_from(["EVALSHA", "SET", "MULTI"]), st.text(max_size=12),
+                  st.binary(max_size=8))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_NAME, st.lists(_ARG, max_size=6)).map(lambda c: [c[0], *c[1]]),
                 min_size=1, max_size=4))
 def test_commands_are_packed_as_redis_py_packs_them(commands: list[list[Any]]) -> None:
     import redis
 
     conn = redis.Connection()
-    assert b"".join(redis_wire._pack(conn, commands)) == b"".join(conn.pack_commands(commands))
+    try:
+        expected = b"".join(conn.pack_commands(commands))
+    except Exception as error:  # what redis-py refuses, refused the same way
+        with pytest.raises(type(error)):
+            redis_wire._pack(conn, commands)
+        return
+    assert b"".join(redis_wire._pack(conn, commands)) == expected
 
 
 def test_what_the_short_packer_does_not_know_goes_to_redis_py(client: Any, key: str) -> None:
@@ -215,20 +225,123 @@ def test_a_bounded_pool_gets_its_connection_back_after_each_call(
         client.close()
 
 
-def test_a_forked_child_does_not_write_on_its_parents_connection(
-        client: Any, key: str) -> None:
+def _in_child(check: Any) -> int:
+    """Run ``check()`` in a forked child; its exit code (0 when it returned True)."""
     import os
 
-    pool = redis_wire.pool_of(client)
-    assert redis_wire.send(pool, [("SET", key, "parent")]) == [b"OK"]
     child = os.fork()
-    if child == 0:  # the child: its own connection, its own replies
-        ok = redis_wire.send(pool, [("APPEND", key, "+child"), ("GET", key)])
-        os._exit(0 if ok == [12, b"parent+child"] else 1)
+    if child == 0:
+        try:
+            os._exit(0 if check() else 1)
+        except BaseException:
+            os._exit(2)
     _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    # the parent's kept connection is still in step: its next reply is its own
-    assert redis_wire.send(pool, [("GET", key)]) == [b"parent+child"]
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_forked_child_does_not_write_on_its_parents_connections(
+        client: Any, key: str) -> None:
+    pool = redis_wire.pool_of(client)
+    name = f"ojs-parent-{uuid.uuid4().hex[:8]}"
+    assert redis_wire.send(pool, [("CLIENT", "SETNAME", name)]) == [b"OK"]  # kept
+    line = redis_wire.Line()
+    assert line.send(pool, [("CLIENT", "SETNAME", name)]) == [b"OK"]
+    # the child's calls go out on connections of its own: no name on them
+    assert _in_child(lambda: redis_wire.send(pool, [("CLIENT", "GETNAME")]) == [None]) == 0
+    assert _in_child(lambda: line.send(pool, [("CLIENT", "GETNAME")]) == [None]) == 0
+    assert redis_wire.send(pool, [("CLIENT", "GETNAME")]) == [name.encode()]
+    assert line.send(pool, [("CLIENT", "GETNAME")]) == [name.encode()]
+
+
+def test_a_line_whose_new_connection_cannot_be_had_holds_none(
+        client: Any, key: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import redis
+
+    pool = redis_wire.pool_of(client)
+    line = redis_wire.Line()
+    name = f"ojs-line-{uuid.uuid4().hex[:8]}"
+    assert line.send(pool, [("CLIENT", "SETNAME", name)]) == [b"OK"]
+    kept = line._conn
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        admin.client_kill_filter(_id=next(
+            c["id"] for c in admin.client_list() if c.get("name") == name))
+    finally:
+        admin.close()
+    monkeypatch.setattr(pool, "get_connection", lambda: (_ for _ in ()).throw(
+        redis.ConnectionError("still restarting")))
+    with pytest.raises(redis.ConnectionError):
+        line.send(pool, [("PING",)])
+    # the dead connection went back to the pool: the line must not hold it too
+    assert line._conn is None and kept in pool._available_connections
+    monkeypatch.undo()
+    assert line.send(pool, [("PING",)]) == [b"PONG"]  # checked out anew, held by one user
+    assert line._conn in pool._in_use_connections
+    assert line._conn not in pool._available_connections
+
+
+def test_a_small_pool_keeps_nothing_out_for_group_commit_or_send(
+        redis_url: str, key: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url, max_connections=8)
+    try:
+        pool = redis_wire.pool_of(client)
+        assert redis_wire.keepable(pool) == 0
+        assert run_script(client, f"-- {key}\nreturn redis.call('INCR', KEYS[1])",
+                          [key], []) == 1
+        assert redis_wire.send(pool, [("GET", key)]) == [b"1"]
+        assert not pool._in_use_connections
+    finally:
+        client.delete(key)
+        client.close()
+
+
+def test_pools_whose_release_does_more_keep_nothing(redis_url: str) -> None:
+    import redis
+    from redis.credentials import UsernamePasswordCredentialProvider
+
+    for client in (redis.Redis.from_url(redis_url, protocol=3),
+                   redis.Redis.from_url(redis_url, credential_provider=(
+                       UsernamePasswordCredentialProvider()))):
+        try:
+            assert redis_wire.keepable(client.connection_pool) == 0
+        finally:
+            client.close()
+    default = redis.Redis.from_url(redis_url)
+    try:
+        assert redis_wire.keepable(default.connection_pool) == 100 // 16
+    finally:
+        default.close()
+
+
+def test_threads_racing_on_fresh_pools_lose_no_connection(redis_url: str) -> None:
+    import threading
+
+    import redis
+
+    clients = [redis.Redis.from_url(redis_url) for _ in range(20)]
+    pools = [redis_wire.pool_of(c) for c in clients]
+    start = threading.Barrier(8)
+
+    def hammer() -> None:
+        start.wait()
+        for pool in pools:
+            assert redis_wire.send(pool, [("PING",)]) == [b"PONG"]
+
+    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for pool in pools:  # every connection out of the pool is a kept one
+            kept = pool._ojs_wire_kept[2]
+            assert set(pool._in_use_connections) == set(kept)
+            assert len(kept) <= redis_wire.keepable(pool)
+    finally:
+        for c in clients:
+            c.close()
 
 
 def test_group_commit_replaces_its_kept_connection_once_the_server_closed_it(
