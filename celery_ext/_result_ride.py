@@ -32,7 +32,6 @@ from typing import Any
 from celery.signals import task_postrun
 
 from ojs_adapters.runtime import redis_wire
-from ojs_adapters.runtime.group_commit import script_sha
 
 #: The rider of the attempt running in this thread (a registry of one per thread).
 _LOCAL = threading.local()
@@ -159,12 +158,14 @@ def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
     rider.armed = False  # one try: a write ``ensure`` repeats goes alone (then ``finish``)
     if expires is None:
         expires = self.expires
+    # EVAL, not EVALSHA: a script Redis lost (a restart, SCRIPT FLUSH) must not let the
+    # result be seen before the record, as the other rides (_publish_ride, Dramatiq's ack).
     replies = _write(self.client, key, value, expires, (
-        "EVALSHA", script_sha(rider.lua), len(rider.keys), *rider.keys, *rider.args))
+        "EVAL", rider.lua, len(rider.keys), *rider.keys, *rider.args))
     for reply in replies[:-1]:
         if isinstance(reply, Exception):
             raise reply
-    rider.written = not isinstance(replies[-1], Exception)  # NOSCRIPT, say: ``finish`` saves
+    rider.written = not isinstance(replies[-1], Exception)  # else ``finish`` saves
 
 
 def _write(client: Any, key: Any, value: Any, expires: Any, ride: tuple[Any, ...]) -> list[Any]:

@@ -51,15 +51,34 @@ def test_a_result_write_of_another_task_leaves_the_rider_to_save_alone(backend: 
     assert saved == ["alone"]
 
 
-def test_a_script_redis_does_not_know_fails_alone_and_the_save_is_done_after(
-        backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_script_redis_lost_still_rides_with_the_result(backend: Any) -> None:
+    """After a Redis restart or SCRIPT FLUSH the result is still never seen without its
+    record (with EVALSHA the ride failed NOSCRIPT and the record came after)."""
     task_id, saved = uuid.uuid4().hex, []
     store = RecordStore(backend)
     record = JobRecord(task_id, "t", "q", 3).started(1).completed()
-    fresh = f"-- {uuid.uuid4().hex}\n{ORDERED_SAVE_LUA}"  # EVALSHA answers NOSCRIPT
+    fresh = f"-- {uuid.uuid4().hex}\n{ORDERED_SAVE_LUA}"  # a script Redis never saw
     key = backend.get_key_for_task(task_id, key=".ojs")
     keys, args = store._save_call(key, record, None)
     assert _result_ride.attach(backend, task_id, fresh, keys, args,
+                               lambda: saved.append("alone"))
+    backend.store_result(task_id, 7, states.SUCCESS)
+    assert backend.get_task_meta(task_id)["result"] == 7
+    loaded = store.load(task_id)
+    assert loaded is not None and loaded.state == "completed"  # before finish(): it rode
+    _result_ride.finish()
+    assert saved == []
+
+
+def test_a_save_redis_refuses_in_the_transaction_is_done_alone_after(
+        backend: Any) -> None:
+    task_id, saved = uuid.uuid4().hex, []
+    store = RecordStore(backend)
+    record = JobRecord(task_id, "t", "q", 3).started(1).completed()
+    key = backend.get_key_for_task(task_id, key=".ojs")
+    backend.client.rpush(key, "not a record")  # the save's script errors: WRONGTYPE
+    keys, args = store._save_call(key, record, None)
+    assert _result_ride.attach(backend, task_id, ORDERED_SAVE_LUA, keys, args,
                                lambda: saved.append("alone"))
     backend.store_result(task_id, 7, states.SUCCESS)  # Celery's own write still lands
     assert backend.get_task_meta(task_id)["result"] == 7
