@@ -14,6 +14,18 @@ from ojs_adapters.runtime import redis_wire
 from ojs_adapters.runtime.group_commit import run_script, script_sha
 
 
+def _kill(redis_url: str, name: str) -> None:
+    """Close, on the server's side, the connection named ``name`` (CLIENT SETNAME)."""
+    import redis
+
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        assert admin.client_kill_filter(_id=next(
+            c["id"] for c in admin.client_list() if c.get("name") == name)) == 1
+    finally:
+        admin.close()
+
+
 def test_replies_come_back_in_order_with_an_error_reply_in_its_place(
         client: Any, key: str) -> None:
     pool = redis_wire.pool_of(client)
@@ -39,17 +51,11 @@ def test_a_decoding_client_gets_text(redis_url: str, key: str) -> None:
 
 def test_a_killed_connection_is_retried_on_a_new_one(
         client: Any, key: str, redis_url: str) -> None:
-    import redis
 
     pool = redis_wire.pool_of(client)
     name = f"ojs-wire-{uuid.uuid4().hex[:8]}"
     assert redis_wire.send(pool, [("CLIENT", "SETNAME", name)]) == [b"OK"]
-    admin = redis.Redis.from_url(redis_url)
-    try:
-        assert admin.client_kill_filter(_id=next(
-            c["id"] for c in admin.client_list() if c.get("name") == name)) == 1
-    finally:
-        admin.close()
+    _kill(redis_url, name)
     # The pooled connection is dead; the client's retry takes a new one (no name).
     assert redis_wire.send(pool, [("SET", key, "after"), ("GET", key), ("CLIENT", "GETNAME")]) \
         == [b"OK", b"after", None]
@@ -262,12 +268,7 @@ def test_a_line_whose_new_connection_cannot_be_had_holds_none(
     name = f"ojs-line-{uuid.uuid4().hex[:8]}"
     assert line.send(pool, [("CLIENT", "SETNAME", name)]) == [b"OK"]
     kept = line._conn
-    admin = redis.Redis.from_url(redis_url)
-    try:
-        admin.client_kill_filter(_id=next(
-            c["id"] for c in admin.client_list() if c.get("name") == name))
-    finally:
-        admin.close()
+    _kill(redis_url, name)
     monkeypatch.setattr(pool, "get_connection", lambda: (_ for _ in ()).throw(
         redis.ConnectionError("still restarting")))
     with pytest.raises(redis.ConnectionError):
@@ -346,7 +347,6 @@ def test_threads_racing_on_fresh_pools_lose_no_connection(redis_url: str) -> Non
 
 def test_group_commit_replaces_its_kept_connection_once_the_server_closed_it(
         client: Any, key: str, redis_url: str) -> None:
-    import redis
 
     from ojs_adapters.runtime.group_commit import group_of
 
@@ -355,10 +355,5 @@ def test_group_commit_replaces_its_kept_connection_once_the_server_closed_it(
     name = f"ojs-line-{uuid.uuid4().hex[:8]}"
     pool = redis_wire.pool_of(client)
     assert group_of(client)._line.send(pool, [("CLIENT", "SETNAME", name)]) == [b"OK"]
-    admin = redis.Redis.from_url(redis_url)
-    try:
-        assert admin.client_kill_filter(_id=next(
-            c["id"] for c in admin.client_list() if c.get("name") == name)) == 1
-    finally:
-        admin.close()
+    _kill(redis_url, name)
     assert run_script(client, lua, [key], []) == 2  # on a new connection, no error
