@@ -109,14 +109,16 @@ _KEPT_LOCK = threading.Lock()
 def keepable(pool: Any) -> int:
     """How many connections of ``pool`` may stay out of it between calls: a sixteenth of
     its ``max_connections`` (redis-py's default 100: 6), at most ``KEPT``. None of a pool
-    whose ``release`` does more than take a connection back: RESP3 (maintenance
-    notifications, client-side caching) or a credential provider (rotated passwords)."""
+    whose ``release`` does more than ``_checked`` does for a kept one: client-side caching,
+    a credential provider (rotated passwords). RESP3, redis-py 8's default, keeps them:
+    a push waiting on one makes ``_checked`` replace it, and a maintenance notice's mark
+    is honoured there as ``release`` honours it."""
     bound = getattr(pool, "max_connections", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if type(bound) is not int or not isinstance(kwargs, dict):
         return 0
-    if kwargs.get("protocol") not in (None, 2, "2") or getattr(pool, "cache", None) \
-            is not None or kwargs.get("credential_provider") is not None:
+    if getattr(pool, "cache", None) is not None or kwargs.get("cache") is not None \
+            or kwargs.get("credential_provider") is not None:
         return 0
     return min(KEPT, bound // 16)
 
@@ -148,10 +150,12 @@ def _keep(kept: tuple[int, int, list[Any]], conn: Any) -> bool:
 
 def _checked(pool: Any, conn: Any) -> Any:
     """``conn`` if it is still in step, as redis-py's pool checks a connection it hands
-    out (nothing left to read, not closed by the server: a restart, an idle timeout);
-    else given back dropped, and a new one of ``pool``."""
+    out (nothing left to read, not closed by the server: a restart, an idle timeout) and
+    as its ``release`` does (not marked for reconnection by a maintenance notice, redis-py
+    6.3 and later); else given back dropped, and a new one of ``pool``."""
     try:
-        stale = conn.can_read()
+        marked = getattr(conn, "should_reconnect", None)
+        stale = bool(marked is not None and marked()) or conn.can_read()
     except Exception:
         stale = True
     if not stale:

@@ -300,20 +300,23 @@ def test_a_small_pool_keeps_nothing_out_for_group_commit_or_send(
 
 def test_pools_whose_release_does_more_keep_nothing(redis_url: str) -> None:
     import redis
+    from redis.cache import CacheConfig
     from redis.credentials import UsernamePasswordCredentialProvider
 
-    for client in (redis.Redis.from_url(redis_url, protocol=3),
+    for client in (redis.Redis.from_url(redis_url, protocol=3, cache_config=CacheConfig()),
                    redis.Redis.from_url(redis_url, credential_provider=(
                        UsernamePasswordCredentialProvider()))):
         try:
             assert redis_wire.keepable(client.connection_pool) == 0
         finally:
             client.close()
-    default = redis.Redis.from_url(redis_url)
-    try:
-        assert redis_wire.keepable(default.connection_pool) == 100 // 16
-    finally:
-        default.close()
+    # RESP3 (redis-py 8's default) and RESP2 alike: _checked does what release would
+    for kept in (redis.Redis.from_url(redis_url), redis.Redis.from_url(redis_url, protocol=3),
+                 redis.Redis.from_url(redis_url, protocol=2)):
+        try:
+            assert redis_wire.keepable(kept.connection_pool) == 100 // 16
+        finally:
+            kept.close()
 
 
 def test_threads_racing_on_fresh_pools_lose_no_connection(redis_url: str) -> None:
@@ -357,3 +360,20 @@ def test_group_commit_replaces_its_kept_connection_once_the_server_closed_it(
     assert group_of(client)._line.send(pool, [("CLIENT", "SETNAME", name)]) == [b"OK"]
     _kill(redis_url, name)
     assert run_script(client, lua, [key], []) == 2  # on a new connection, no error
+
+
+def test_a_kept_connection_marked_for_reconnection_is_not_used_again(
+        client: Any, key: str) -> None:
+    """A maintenance notice (redis-py's ``mark_for_reconnect``) makes ``release`` drop a
+    connection; a kept one, never released between calls, is dropped on its next use."""
+    pool = redis_wire.pool_of(client)
+    assert redis_wire.send(pool, [("SET", key, "1")]) == [b"OK"]
+    (kept,) = pool._ojs_wire_kept[2]
+    if not hasattr(kept, "mark_for_reconnect"):
+        pytest.skip("redis-py before 6.3 has no maintenance notices")
+    old_socket = kept._sock
+    kept.mark_for_reconnect()
+    assert redis_wire.send(pool, [("INCR", key)]) == [2]
+    (now,) = pool._ojs_wire_kept[2]
+    assert now._sock is not None and now._sock is not old_socket  # dropped, connected anew
+    assert old_socket.fileno() == -1  # the old socket closed, not left open
