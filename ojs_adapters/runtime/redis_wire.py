@@ -93,8 +93,8 @@ def send(pool: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
         conn.disconnect()
         pool.release(conn)
         raise
-    if kept is None or not _keep(kept, conn):
-        pool.release(conn)
+    if kept is None or _marked(conn) or not _keep(kept, conn):
+        pool.release(conn)  # a connection a notice marked during the call: dropped there
     return replies
 
 
@@ -111,14 +111,13 @@ def keepable(pool: Any) -> int:
     its ``max_connections`` (redis-py's default 100: 6), at most ``KEPT``. None of a pool
     whose ``release`` does more than ``_checked`` does for a kept one: client-side caching,
     a credential provider (rotated passwords). RESP3, redis-py 8's default, keeps them:
-    a push waiting on one makes ``_checked`` replace it, and a maintenance notice's mark
-    is honoured there as ``release`` honours it."""
+    a maintenance notice waiting on one is read by its next reply's read, as on a
+    connection the pool hands out, and one the notice marks is dropped, as by ``release``."""
     bound = getattr(pool, "max_connections", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if type(bound) is not int or not isinstance(kwargs, dict):
         return 0
-    if getattr(pool, "cache", None) is not None or kwargs.get("cache") is not None \
-            or kwargs.get("credential_provider") is not None:
+    if getattr(pool, "cache", None) is not None or kwargs.get("credential_provider") is not None:
         return 0
     return min(KEPT, bound // 16)
 
@@ -149,20 +148,33 @@ def _keep(kept: tuple[int, int, list[Any]], conn: Any) -> bool:
 
 
 def _checked(pool: Any, conn: Any) -> Any:
-    """``conn`` if it is still in step, as redis-py's pool checks a connection it hands
-    out (nothing left to read, not closed by the server: a restart, an idle timeout) and
-    as its ``release`` does (not marked for reconnection by a maintenance notice, redis-py
-    6.3 and later); else given back dropped, and a new one of ``pool``."""
+    """``conn`` if it is still in step, as redis-py's pool checks a connection it hands out
+    and takes back; else given back dropped, and a new one of ``pool``. Not in step: closed
+    by the server (a restart, an idle timeout), marked for reconnection by a maintenance
+    notice (redis-py 6.3+), or with something to read where no notices are expected. Where
+    they are (RESP3), what waits is a notice: the next reply's read handles it first."""
     try:
-        marked = getattr(conn, "should_reconnect", None)
-        stale = bool(marked is not None and marked()) or conn.can_read()
-    except Exception:
+        stale = _marked(conn) or (conn.can_read() and not _notices_on(pool))
+    except Exception:  # closed by the server: ``can_read`` raises
         stale = True
     if not stale:
         return conn
     conn.disconnect()
     pool.release(conn)
     return pool.get_connection()
+
+
+def _marked(conn: Any) -> bool:
+    """Whether a maintenance notice marked ``conn`` for reconnection (``release`` drops it)."""
+    marked = getattr(conn, "should_reconnect", None)
+    return bool(marked is not None and marked())
+
+
+def _notices_on(pool: Any) -> bool:
+    """Whether ``pool``'s connections read maintenance notices (RESP3 pushes, redis-py 6.3+:
+    ``True`` or ``"auto"``), as ``get_connection`` asks before it calls one stale."""
+    enabled = getattr(pool, "maint_notifications_enabled", None)
+    return bool(enabled is not None and enabled())
 
 
 class Line:
@@ -194,7 +206,10 @@ class Line:
             conn.disconnect()
             self._pool.release(conn)
             raise
-        self._conn = conn
+        if _marked(conn):  # a notice read with the replies: dropped, as by ``release``
+            self._pool.release(conn)
+        else:
+            self._conn = conn
         return replies
 
 
