@@ -61,6 +61,8 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
             sink.sendall(data)
     except OSError:
         pass
+    finally:  # one side gone: close the other, so Redis drops its end too
+        sink.close()
 
 
 @pytest.fixture
