@@ -151,10 +151,12 @@ def _checked(pool: Any, conn: Any) -> Any:
     """``conn`` if it is still in step, as redis-py's pool checks a connection it hands out
     and takes back; else given back dropped, and a new one of ``pool``. Not in step: closed
     by the server (a restart, an idle timeout), marked for reconnection by a maintenance
-    notice (redis-py 6.3+), or with something to read where no notices are expected. Where
-    they are (RESP3), what waits is a notice: the next reply's read handles it first."""
+    notice (redis-py 6.3+), no longer the pool's (a Sentinel pool's old master after a
+    failover), or with something to read where no notices are expected. Where they are
+    (RESP3), what waits is a notice: the next reply's read handles it first."""
     try:
-        stale = _marked(conn) or (conn.can_read() and not _notices_on(pool))
+        stale = _marked(conn) or not _owned(pool, conn) or (
+            conn.can_read() and not _notices_on(pool))
     except Exception:  # closed by the server: ``can_read`` raises
         stale = True
     if not stale:
@@ -168,6 +170,12 @@ def _marked(conn: Any) -> bool:
     """Whether a maintenance notice marked ``conn`` for reconnection (``release`` drops it)."""
     marked = getattr(conn, "should_reconnect", None)
     return bool(marked is not None and marked())
+
+
+def _owned(pool: Any, conn: Any) -> bool:
+    """Whether ``pool`` would take ``conn`` back (``release`` drops one it does not own)."""
+    owns = getattr(pool, "owns_connection", None)
+    return owns is None or bool(owns(conn))
 
 
 def _notices_on(pool: Any) -> bool:

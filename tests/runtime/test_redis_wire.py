@@ -377,3 +377,30 @@ def test_a_kept_connection_marked_for_reconnection_is_not_used_again(
     (now,) = pool._ojs_wire_kept[2]
     assert now._sock is not None and now._sock is not old_socket  # dropped, connected anew
     assert old_socket.fileno() == -1  # the old socket closed, not left open
+
+
+def test_a_kept_connection_its_pool_no_longer_owns_is_not_used_again(redis_url: str) -> None:
+    """A Sentinel pool disowns its connections to a demoted master (``owns_connection``),
+    and ``release`` drops them; a kept one is dropped on its next use."""
+    import redis
+
+    class Pool(redis.ConnectionPool):
+        owned = True
+
+        def owns_connection(self, connection: Any) -> Any:
+            return self.owned and super().owns_connection(connection)
+
+    client = redis.Redis(connection_pool=Pool.from_url(redis_url))
+    key = f"ojs-test:owned:{uuid.uuid4().hex}"
+    try:
+        pool = redis_wire.pool_of(client)
+        assert redis_wire.send(pool, [("SET", key, "1")]) == [b"OK"]
+        (old,) = pool._ojs_wire_kept[2]
+        old_socket = old._sock
+        pool.owned = False  # a failover: the master this connection reaches is demoted
+        assert redis_wire.send(pool, [("INCR", key)]) == [2]
+        (now,) = pool._ojs_wire_kept[2]
+        assert now is not old and old_socket.fileno() == -1
+    finally:
+        client.delete(key)
+        client.close()
