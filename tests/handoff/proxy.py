@@ -23,6 +23,7 @@ class Proxy:
         self._up.set()
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
+        self._clients: set[socket.socket] = set()  # of ``_sockets``, the clients' ends
         self._closed = False
         self.cuts = 0
         threading.Thread(target=self._accept, daemon=True, name=f"proxy-{self.port}").start()
@@ -37,6 +38,7 @@ class Proxy:
         self.cuts += 1
         with self._lock:
             sockets, self._sockets = self._sockets, set()
+            self._clients.clear()
         for sock in sockets:
             _close(sock)
 
@@ -50,6 +52,13 @@ class Proxy:
         timer.daemon = True
         timer.start()
         return timer
+
+    def inject(self, data: bytes) -> None:
+        """Write ``data`` to every proxied client as if the target had sent it."""
+        with self._lock:
+            clients = list(self._clients)
+        for client in clients:
+            client.sendall(data)
 
     def close(self) -> None:
         self._closed = True
@@ -73,6 +82,7 @@ class Proxy:
                 continue
             with self._lock:
                 self._sockets.update((client, upstream))
+                self._clients.add(client)
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 
@@ -89,8 +99,8 @@ class Proxy:
             _close(src)
             _close(dst)
             with self._lock:
-                self._sockets.discard(src)
-                self._sockets.discard(dst)
+                self._sockets.difference_update((src, dst))
+                self._clients.difference_update((src, dst))
 
 
 def _close(sock: socket.socket) -> None:

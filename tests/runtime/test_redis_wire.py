@@ -51,7 +51,6 @@ def test_a_decoding_client_gets_text(redis_url: str, key: str) -> None:
 
 def test_a_killed_connection_is_retried_on_a_new_one(
         client: Any, key: str, redis_url: str) -> None:
-
     pool = redis_wire.pool_of(client)
     name = f"ojs-wire-{uuid.uuid4().hex[:8]}"
     assert redis_wire.send(pool, [("CLIENT", "SETNAME", name)]) == [b"OK"]
@@ -350,7 +349,6 @@ def test_threads_racing_on_fresh_pools_lose_no_connection(redis_url: str) -> Non
 
 def test_group_commit_replaces_its_kept_connection_once_the_server_closed_it(
         client: Any, key: str, redis_url: str) -> None:
-
     from ojs_adapters.runtime.group_commit import group_of
 
     lua = f"-- {key}\nreturn redis.call('INCR', KEYS[1])"
