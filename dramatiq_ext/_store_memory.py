@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dramatiq_ext._store_protocol import DEFAULT_RECORD_TTL
-from ojs_adapters.runtime.claims import claim_of
+from ojs_adapters.runtime.claims import AdmissionReply, claim_of
 from ojs_adapters.runtime.handoff import Claim, is_newer
 
 
@@ -62,6 +62,38 @@ class MemoryRecordStore:
                 return "new"
             return claim_of(held[0], token)
 
+    def begin(self, key: str, token: str, ttl: int, message_id: str,
+              started: Mapping[str, Any] | None, *, lease_ms: int | None = None,
+              attempt: int | None = None) -> AdmissionReply:
+        """A delivery's whole admission under one lock, as ``RedisRecordStore.begin`` does
+        it in one script: the lease (if ``lease_ms``), the claim, the record read, and
+        ``started`` written over no record, or with ``attempt`` over an earlier one's."""
+        now = time.monotonic()
+        with self._lock:
+            if lease_ms is not None:
+                holder = self._live("lease:" + key, now)
+                if holder is not None and holder != token:
+                    return AdmissionReply("other", None, False, False)
+                self._records["lease:" + key] = (token, now + lease_ms / 1000)
+            held = self._live("claim:" + key, now)
+            if held is None:
+                self._records["claim:" + key] = (token, now + ttl / 1000)
+            record = self._live(message_id, now)
+            text = None if started is None else json.dumps(started, separators=(",", ":"))
+            wrote = held is None and text is not None and (
+                record is None or (attempt is not None and _attempt(record) < attempt))
+            if wrote and text is not None:
+                self._records[message_id] = (text, now + self.ttl / 1000)
+        leased = None if lease_ms is None else True
+        if held == token and text and record == text:  # this delivery's own start
+            return AdmissionReply("new", None, True, leased)
+        claim: Claim = "new" if held is None else claim_of(held, token)
+        return AdmissionReply(claim, record, wrote, leased)
+
+    def _live(self, key: str, now: float) -> str | None:
+        found = self._records.get(key)
+        return found[0] if found is not None and found[1] >= now else None
+
     def lease(self, key: str, holder: str, ttl: int) -> bool:
         """See ``leases.lease``; leases live beside the records."""
         now = time.monotonic()
@@ -71,3 +103,13 @@ class MemoryRecordStore:
                 return False
             self._records["lease:" + key] = (holder, now + ttl / 1000)
             return True
+
+
+def _attempt(text: str) -> float:
+    """The attempt of a stored record's JSON; an unreadable one is of no attempt (as the
+    admission script reads it: written over only without ``attempt``)."""
+    try:
+        seen = json.loads(text).get("attempt")
+    except (ValueError, AttributeError):
+        return float("inf")
+    return seen if isinstance(seen, int) and not isinstance(seen, bool) else float("inf")
