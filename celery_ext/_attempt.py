@@ -136,9 +136,9 @@ class Delivery(AttemptSeat):
         Returns the stored record when this is a new attempt (the normal case).
         """
         attempt = self.state.attempt
-        verdict, record, self.started_saved = admission
+        verdict, record, self.started_saved, _ = admission
         if verdict == "run":
-            return record
+            return admission.stored()
         # "lost" without a record: this copy ran before while the store was unreachable.
         record = record or self.base.started(attempt)
         if verdict == "lost":

@@ -124,7 +124,7 @@ class OjsRetries(RetriesSettings):
             return started + wait_limit(None if limit is None else limit / 1000)
 
         # Lease, claim, record read and ``active``: one round trip, as a rule.
-        verdict, record, wrote = admit(seat, fresh, deadline=deadline)
+        verdict, record, wrote, _ = admit(seat, fresh, deadline=deadline)
         if verdict == "run":
             if wrote and fresh is not None:
                 record = fresh  # saved by ``admit`` with the claim (one round trip)

@@ -67,11 +67,20 @@ class Seat(Protocol):
 
 class Admission(NamedTuple):
     """What admission found: the verdict, the record as stored before this delivery, and
-    whether the ``active`` record (``fresh``) was written with the claim."""
+    whether the ``active`` record (``fresh``) was written with the claim.
+
+    When it was, the verdict is "run" and the stored record is not parsed (``record`` is
+    ``None``): ``stored()`` parses it from ``raw`` for the rare caller that needs it.
+    """
 
     verdict: Verdict
     record: JobRecord | None
     wrote: bool
+    raw: bytes | str | None = None
+
+    def stored(self) -> JobRecord | None:
+        """The record as stored before this delivery."""
+        return self.record if self.raw is None else record_of(self.raw)
 
 
 def wait_limit(time_limit: float | None) -> float:
@@ -104,9 +113,10 @@ def admit(seat: Seat, fresh: JobRecord | None, *, deadline: Callable[[], float])
                                  record, own)
     else:
         seat.hold_lease()
+    if begun.wrote and begun.claim == "new":  # over no record or an earlier attempt's: run
+        return Admission("run", None, True, begun.record)
     record = record_of(begun.record)
-    return Admission(judge_delivery(record, seat.attempt, claim=begun.claim), record,
-                     begun.wrote)
+    return Admission(judge_delivery(record, seat.attempt, claim=begun.claim), record, False)
 
 
 def read_record(seat: Seat) -> JobRecord | None:
