@@ -70,7 +70,7 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
         except (Ignore, Reject):
             # Celery control flow the handler chose, not an OJS failure: undo "active", so
             # a requeued delivery starts this attempt afresh instead of counting as a crash.
-            run.restore(previous)
+            run.restore(previous.stored())
             raise
         # What ends a failed attempt (Celery's ``Retry``, or ``JobDeadLettered`` with its
         # cause) is raised here, so the traceback Celery formats for it holds no frames of
@@ -130,15 +130,16 @@ class Delivery(AttemptSeat):
         if self.dependency is not None:
             budget_of(self.task.app, self.dependency).record_execution()
 
-    def check_redelivery(self, admission: Admission) -> JobRecord | None:
+    def check_redelivery(self, admission: Admission) -> Admission:
         """Act on a delivery that repeats an attempt the record already knows about.
 
-        Returns the stored record when this is a new attempt (the normal case).
+        Returns ``admission`` when this is a new attempt (the normal case): its
+        ``stored()`` record is parsed only if the attempt is undone.
         """
         attempt = self.state.attempt
         verdict, record, self.started_saved, _ = admission
         if verdict == "run":
-            return admission.stored()
+            return admission
         # "lost" without a record: this copy ran before while the store was unreachable.
         record = record or self.base.started(attempt)
         if verdict == "lost":

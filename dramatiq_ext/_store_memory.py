@@ -7,6 +7,7 @@ undetected (docs/getting-started/dramatiq-redis.md).
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -68,8 +69,8 @@ class MemoryRecordStore:
         """A delivery's whole admission under one lock, as ``RedisRecordStore.begin`` does
         it in one script: the lease (if ``lease_ms``), the claim, the record read, and
         ``started`` written over no record, or with ``attempt`` over an earlier one's."""
-        now = time.monotonic()
         with self._lock:
+            now = time.monotonic()
             if lease_ms is not None:
                 holder = self._live("lease:" + key, now)
                 if holder is not None and holder != token:
@@ -106,10 +107,13 @@ class MemoryRecordStore:
 
 
 def _attempt(text: str) -> float:
-    """The attempt of a stored record's JSON; an unreadable one is of no attempt (as the
-    admission script reads it: written over only without ``attempt``)."""
+    """The attempt of a stored record's JSON as the admission script reads it (Lua's
+    ``tonumber``: a number or a numeric string); an unreadable one is of no attempt, so
+    a later attempt's start is never written over it."""
     try:
         seen = json.loads(text).get("attempt")
-    except (ValueError, AttributeError):
-        return float("inf")
-    return seen if isinstance(seen, int) and not isinstance(seen, bool) else float("inf")
+        if isinstance(seen, bool) or not isinstance(seen, (int, float, str)):
+            return math.inf
+        return float(seen)  # NaN compares false, as in Lua: never written over either
+    except (ValueError, AttributeError, RecursionError):
+        return math.inf

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dramatiq_ext.stores import MemoryRecordStore, RedisRecordStore
@@ -38,6 +38,9 @@ def _admit(store: Any, token: str, attempt: int, lease: bool, fresh: bool,
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(calls=st.lists(_CALLS, min_size=1, max_size=6))
+@example(calls=[("sent|d1", 2, True, True, True)] * 2)  # a retried call: its own start
+@example(calls=[("sent|d1", 1, True, True, False), ("sent|d2", 2, False, True, True),
+                ("copy|d3", 2, True, True, True)])
 def test_memory_admission_answers_as_the_redis_script(redis_url: str, calls: list[Any]) -> None:
     import redis
 
@@ -56,10 +59,28 @@ def test_memory_admission_answers_as_the_redis_script(redis_url: str, calls: lis
         client.close()
 
 
-def test_an_unreadable_record_is_never_written_over_by_a_later_attempt() -> None:
-    """As the script reads it: no attempt in the stored text, so no earlier one."""
-    store = MemoryRecordStore()
-    store._records["m1"] = ("not json", float("inf"))
-    started = JobRecord("m1", "t", "q", 3).started(2).to_dict()
-    reply = store.begin("m1:2", "sent|d1", 60_000, "m1", started, attempt=2)
-    assert (reply.claim, reply.record, reply.wrote) == ("new", "not json", False)
+@pytest.mark.broker
+@pytest.mark.parametrize("stored", [
+    "not json", "[1]", '{"attempt": true}', '{"attempt": null}', '{"attempt": "x"}',
+    '{"attempt": "1"}', '{"attempt": 1.0}', '{"attempt": 3}', '{"id": "m1"}',
+    "[" * 5000 + "]" * 5000,
+])
+def test_a_stored_text_is_read_as_the_script_reads_it(redis_url: str, stored: str) -> None:
+    """Written over only when its attempt reads as a number below this one (``tonumber``);
+    an unreadable text, or one without an attempt, never."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    prefix = f"ojs-test-begin-{uuid.uuid4().hex[:10]}"
+    on_redis = RedisRecordStore(client=client, prefix=prefix)
+    in_memory = MemoryRecordStore()
+    client.set(f"{prefix}:m1", stored)
+    in_memory._records["m1"] = (stored, float("inf"))
+    try:
+        replies = [_admit(store, "sent|d1", 2, False, True, True)
+                   for store in (in_memory, on_redis)]
+    finally:
+        client.delete(f"{prefix}:m1", f"{prefix}:claim:m1:2")
+        client.close()
+    assert replies[0] == replies[1]
+    assert replies[0][2] == (stored in ('{"attempt": "1"}', '{"attempt": 1.0}'))

@@ -73,16 +73,17 @@ def celery_worker(config: Config, folder: Path) -> Iterator[subprocess.Popen[byt
 
 
 def worker_holds_retries(url: str, queue: str) -> bool:
-    """True once ``queue`` is empty and kombu's ``unacked`` hash holds every attempt 2."""
+    """True once ``queue`` is empty and kombu's ``unacked`` hash holds every job's attempt 2."""
     client = redis.Redis.from_url(url)
     try:
         if client.llen(queue):
             return False
-        held = 0
+        held = set()
         for entry in client.hvals("unacked"):
-            message = json.loads(entry)[0]
-            held += json.loads(message["headers"].get(HEADER) or "{}").get("attempt") == 2
-        return held == JOBS
+            headers = json.loads(entry)[0]["headers"]
+            if json.loads(headers.get(HEADER) or "{}").get("attempt") == 2:
+                held.add(headers["id"])
+        return len(held) == JOBS
     finally:
         client.close()
 
