@@ -55,13 +55,14 @@ class MemoryRecordStore:
 
     def claim(self, key: str, token: str, ttl: int) -> Claim:
         """First writer wins (see ``stores.claim``); claims live beside the records."""
-        now = time.monotonic()
         with self._lock:
-            held = self._records.get("claim:" + key)
-            if held is None or held[1] < now:
-                self._records["claim:" + key] = (token, now + ttl / 1000)
-                return "new"
-            return claim_of(held[0], token)
+            held = self._take_claim(key, token, ttl, time.monotonic())
+        return "new" if held is None else claim_of(held, token)
+
+    def lease(self, key: str, holder: str, ttl: int) -> bool:
+        """See ``leases.lease``; leases live beside the records."""
+        with self._lock:
+            return self._take_lease(key, holder, ttl, time.monotonic())
 
     def begin(self, key: str, token: str, ttl: int, message_id: str,
               started: Mapping[str, Any] | None, *, lease_ms: int | None = None,
@@ -69,42 +70,45 @@ class MemoryRecordStore:
         """A delivery's whole admission under one lock, as ``RedisRecordStore.begin`` does
         it in one script: the lease (if ``lease_ms``), the claim, the record read, and
         ``started`` written over no record, or with ``attempt`` over an earlier one's."""
+        text = None if started is None else json.dumps(started, separators=(",", ":"))
+        wrote = False
         with self._lock:
             now = time.monotonic()
-            if lease_ms is not None:
-                holder = self._live("lease:" + key, now)
-                if holder is not None and holder != token:
-                    return AdmissionReply("other", None, False, False)
-                self._records["lease:" + key] = (token, now + lease_ms / 1000)
-            held = self._live("claim:" + key, now)
-            if held is None:
-                self._records["claim:" + key] = (token, now + ttl / 1000)
+            if lease_ms is not None and not self._take_lease(key, token, lease_ms, now):
+                return AdmissionReply("other", None, False, False)
+            held = self._take_claim(key, token, ttl, now)
             record = self._live(message_id, now)
-            text = None if started is None else json.dumps(started, separators=(",", ":"))
-            wrote = held is None and text is not None and (
-                record is None or (attempt is not None and _attempt(record) < attempt))
-            if wrote and text is not None:
+            if held is None and text is not None and (
+                    record is None or (attempt is not None and _attempt(record) < attempt)):
                 self._records[message_id] = (text, now + self.ttl / 1000)
+                wrote = True
         leased = None if lease_ms is None else True
         if held == token and text and record == text:  # this delivery's own start
             return AdmissionReply("new", None, True, leased)
         claim: Claim = "new" if held is None else claim_of(held, token)
         return AdmissionReply(claim, record, wrote, leased)
 
+    # -- under the lock ----------------------------------------------------------------
+
     def _live(self, key: str, now: float) -> str | None:
         found = self._records.get(key)
         return found[0] if found is not None and found[1] >= now else None
 
-    def lease(self, key: str, holder: str, ttl: int) -> bool:
-        """See ``leases.lease``; leases live beside the records."""
-        now = time.monotonic()
-        with self._lock:
-            held = self._records.get("lease:" + key)
-            if held is not None and held[1] >= now and held[0] != holder:
-                return False
-            self._records["lease:" + key] = (holder, now + ttl / 1000)
-            return True
+    def _take_claim(self, key: str, token: str, ttl: int, now: float) -> str | None:
+        """The live claim on ``key``, else ``None`` and ``token`` takes it for ``ttl`` ms."""
+        held = self._live("claim:" + key, now)
+        if held is None:
+            self._records["claim:" + key] = (token, now + ttl / 1000)
+        return held
 
+    def _take_lease(self, key: str, holder: str, ttl: int, now: float) -> bool:
+        """Whether ``holder`` holds the lease on ``key`` now (taken or renewed for ``ttl``
+        ms); ``False`` while another holder's is live."""
+        held = self._live("lease:" + key, now)
+        if held is not None and held != holder:
+            return False
+        self._records["lease:" + key] = (holder, now + ttl / 1000)
+        return True
 
 def _attempt(text: str) -> float:
     """The attempt of a stored record's JSON as the admission script reads it (Lua's
