@@ -32,7 +32,7 @@ from celery_ext._inputs import (
     terminal_error,
 )
 from celery_ext._parking import wants_park
-from celery_ext._result_ride import arm_peek, drop_peek
+from celery_ext._result_ride import arm_peek
 from celery_ext._retry_send import send_retry
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext._seat import AttemptSeat, logger
@@ -196,7 +196,7 @@ class Delivery(AttemptSeat):
         return record
 
     def hand_off(self, record: JobRecord, decision: Decision) -> None:
-        drop_peek()  # the retry may finish before Celery stores RETRY: that read goes to Redis
+        arm_peek(guarded=True)  # RETRY is stored unless a SUCCESS is, checked in one script
         # The record before the publish (the next attempt must find it): in the MULTI of the
         # retry's own push, marked handed off, where broker and backend are one Redis
         # (``_publish_ride``); else alone.

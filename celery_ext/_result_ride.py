@@ -16,8 +16,10 @@ this delivery writes the meta of its attempt (claims and leases keep every other
 out, and no successor exists before a retry is handed off), so the store of a success or a
 terminal failure takes that value instead of a round trip (``arm_peek``), provided the
 delivery surely held its lease throughout (``LeaseRenewer.alive``). Any other read of
-the key during the attempt spoils the peek (Redis answers from then on); a retry's store
-never uses it (its successor may have finished first).
+the key during the attempt spoils the peek (Redis answers from then on). A retry's
+successor may finish before the RETRY store, so that store (``arm_peek(guarded=True)``)
+takes the peek and writes only if the meta is not SUCCESS, checked in the same script
+(``GUARDED_SET_LUA``): Celery's rule, without its separate read.
 """
 
 from __future__ import annotations
@@ -41,6 +43,22 @@ _ORIGINAL: list[Callable[..., Any]] = []
 _ORIGINAL_GET: list[Callable[..., Any]] = []
 _INSTALL_LOCK = threading.Lock()
 
+#: Celery's write of a result meta (``SETEX``/``SET`` and ``PUBLISH``), unless the stored
+#: meta is a SUCCESS (0); -1: the stored meta is not JSON Lua reads (Python decides).
+#: KEYS[1] the meta key; ARGV[1] the value; ARGV[2] seconds to live ("": no expiry).
+GUARDED_SET_LUA = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, meta = pcall(cjson.decode, cur)
+  if not ok or type(meta) ~= 'table' then return -1 end
+  if meta['status'] == 'SUCCESS' then return 0 end
+end
+if ARGV[2] == '' then redis.call('SET', KEYS[1], ARGV[1])
+else redis.call('SETEX', KEYS[1], ARGV[2], ARGV[1]) end
+redis.call('PUBLISH', KEYS[1], ARGV[1])
+return 1
+"""
+
 
 class Rider:
     """A record save waiting for the result write of ``key``; ``save`` is the way alone."""
@@ -57,11 +75,12 @@ class Rider:
 class Peek:
     """The result meta ``key`` held as admission read it (``value``), for one later read."""
 
-    __slots__ = ("armed", "key", "spoiled", "value")
+    __slots__ = ("armed", "guarded", "key", "spoiled", "value")
 
     def __init__(self, key: Any, value: Any) -> None:
         self.key, self.value = key, value
         self.armed = False  # the next read of ``key`` in this thread takes ``value``
+        self.guarded = False  # and the write after it checks for a SUCCESS in its script
         self.spoiled = False  # ``key`` was read meanwhile: Redis answers from now on
 
 
@@ -78,17 +97,13 @@ def peek(key: Any, value: Any) -> None:
     _LOCAL.peek = Peek(key, value)
 
 
-def arm_peek() -> None:
-    """The attempt ended in success or a terminal failure, with no successor: the next
-    read of its meta (Celery's, before it stores the outcome) takes the peeked value."""
+def arm_peek(*, guarded: bool = False) -> None:
+    """The next read of the attempt's meta (Celery's, before it stores the outcome) takes
+    the peeked value: the attempt ended with no successor, or (``guarded``: a retry was
+    handed off) the store's write checks the meta is not a SUCCESS in its own script."""
     kept: Peek | None = getattr(_LOCAL, "peek", None)
     if kept is not None and not kept.spoiled:
-        kept.armed = True
-
-
-def drop_peek() -> None:
-    """Forget the peek (a retry was handed off, or the attempt is over)."""
-    _LOCAL.peek = None
+        kept.armed, kept.guarded = True, guarded
 
 
 def attach(backend: Any, task_id: str, lua: str, keys: Sequence[Any], args: Sequence[Any],
@@ -105,6 +120,7 @@ def finish() -> None:
     rider: Rider | None = getattr(_LOCAL, "rider", None)
     _LOCAL.rider = None
     _LOCAL.peek = None
+    _LOCAL.guard = None
     if rider is not None and not rider.written:
         rider.save()
 
@@ -142,36 +158,52 @@ def _get_peeking(self: Any, key: Any) -> Any:
     kept: Peek | None = getattr(_LOCAL, "peek", None)
     if kept is not None and kept.key == key:
         _LOCAL.peek = None if kept.armed else kept
-        if kept.armed:
+        if kept.armed and not (kept.guarded and not _lua_reads(self)):
+            if kept.guarded:
+                _LOCAL.guard = key  # the write that follows checks in its script
             return kept.value
         kept.spoiled = True
     return _ORIGINAL_GET[0](self, key)
+
+
+def _lua_reads(backend: Any) -> bool:
+    """Whether ``GUARDED_SET_LUA`` can read the metas ``backend`` stores (JSON, as is)."""
+    return getattr(backend, "serializer", None) == "json" and \
+        not getattr(backend, "compression", None)
 
 
 def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
     """``RedisBackend._set`` with this thread's rider in the transaction, if it waits for
     ``key``; Celery's own commands' errors raise as they would, the rider's are noted."""
     rider: Rider | None = getattr(_LOCAL, "rider", None)
-    if rider is None or not rider.armed or rider.key != key:
+    guarded = getattr(_LOCAL, "guard", None) == key
+    _LOCAL.guard = None  # one try: a write ``ensure`` repeats is Celery's own
+    riding = rider is not None and rider.armed and rider.key == key
+    if not riding and not guarded:
         _ORIGINAL[0](self, key, value, expires)
         return
-    rider.armed = False  # one try: a write ``ensure`` repeats goes alone (then ``finish``)
+    if rider is not None and riding:
+        rider.armed = False  # one try: a write ``ensure`` repeats goes alone (``finish``)
     if expires is None:
         expires = self.expires
-    # EVAL, not EVALSHA: a script Redis lost (a restart, SCRIPT FLUSH) must not let the
-    # result be seen before the record, as the other rides (_publish_ride, Dramatiq's ack).
-    replies = _write(self.client, key, value, expires, (
-        "EVAL", rider.lua, len(rider.keys), *rider.keys, *rider.args))
-    for reply in replies[:-1]:
-        if isinstance(reply, Exception):
-            raise reply
-    rider.written = not isinstance(replies[-1], Exception)  # else ``finish`` saves
-
-
-def _write(client: Any, key: Any, value: Any, expires: Any, ride: tuple[Any, ...]) -> list[Any]:
-    """Celery's ``SETEX`` (or ``SET``) and ``PUBLISH`` of ``key``, then ``ride``, in one
-    transaction (``redis_wire``); each reply, errors in place."""
     seconds = int(expires.total_seconds()) if isinstance(expires, datetime.timedelta) \
         else expires  # as redis-py's ``setex`` reads it
-    write = ("SETEX", key, seconds, value) if expires else ("SET", key, value)
-    return redis_wire.transaction(client, [write, ("PUBLISH", key, value), ride])
+    commands: list[tuple[Any, ...]] = [
+        ("EVAL", GUARDED_SET_LUA, 1, key, value, seconds if expires else "")] if guarded \
+        else [("SETEX", key, seconds, value) if expires else ("SET", key, value),
+              ("PUBLISH", key, value)]
+    if rider is not None and riding:
+        # EVAL, not EVALSHA: a script Redis lost (a restart, SCRIPT FLUSH) must not let the
+        # result be seen before the record, as the other rides (_publish_ride, Dramatiq's).
+        commands.append(("EVAL", rider.lua, len(rider.keys), *rider.keys, *rider.args))
+    replies = redis_wire.transaction(self.client, commands)
+    own = replies[:-1] if riding else replies
+    for reply in own:
+        if isinstance(reply, Exception):
+            raise reply
+    if rider is not None and riding:
+        rider.written = not isinstance(replies[-1], Exception)  # else ``finish`` saves
+    if guarded and own[0] == -1:  # a meta Lua cannot read: Celery's read and rule decide
+        stored = _ORIGINAL_GET[0](self, key)
+        if not stored or self.decode_result(stored)["status"] != "SUCCESS":
+            _ORIGINAL[0](self, key, value, expires)

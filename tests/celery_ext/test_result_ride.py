@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -123,3 +125,111 @@ def test_a_read_of_the_meta_during_the_attempt_spoils_the_peek(
     backend.store_result(task_id, "late", states.SUCCESS)  # Celery keeps the first SUCCESS
     assert backend.get_task_meta(task_id)["result"] == "mine"
     _result_ride.finish()
+
+
+def _reads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The result meta reads that go to Redis from now on."""
+    reads: list[Any] = []
+    real = _result_ride._ORIGINAL_GET[0]
+    monkeypatch.setattr(_result_ride, "_ORIGINAL_GET",
+                        [lambda self, k: reads.append(k) or real(self, k)])
+    return reads
+
+
+def _in_another_thread(work: Any) -> None:
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+
+
+def test_a_retry_store_takes_the_peek_and_writes_in_one_script(
+        backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RETRY is stored (and published, for ``AsyncResult`` listeners) with no read of its
+    own; the record rides in the same transaction."""
+    task_id, saved = uuid.uuid4().hex, []
+    key = _result_ride.meta_key(backend, task_id)
+    backend.store_result(task_id, 1, states.STARTED)
+    _result_ride.peek(key, backend.client.get(key))
+    assert _ride(backend, JobRecord(task_id, "t", "q", 3).started(1), saved)
+    _result_ride.arm_peek(guarded=True)
+    reads = _reads(monkeypatch)
+    listener = backend.client.pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(key)
+    backend.store_result(task_id, ValueError("again"), states.RETRY)
+    assert reads == [], "the RETRY store read the meta from Redis"
+    assert backend.get_task_meta(task_id)["status"] == states.RETRY
+    message = None
+    for _ in range(5):  # the first read may be the subscription's confirmation
+        message = message or listener.get_message(timeout=1)
+    assert message is not None and backend.decode_result(message["data"])["status"] == \
+        states.RETRY
+    listener.close()
+    record = RecordStore(backend).load(task_id)
+    assert record is not None and record.state == "active"  # it rode
+    _result_ride.finish()
+    assert saved == []
+
+
+def test_a_retry_store_never_overwrites_the_success_of_its_successor(
+        backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Celery's rule (never overwrite a SUCCESS) holds though the peek predates it: the
+    successor finished between admission and the RETRY store."""
+    task_id, saved = uuid.uuid4().hex, []
+    key = _result_ride.meta_key(backend, task_id)
+    _result_ride.peek(key, None)
+    _in_another_thread(lambda: backend.store_result(task_id, "done", states.SUCCESS))
+    assert _ride(backend, JobRecord(task_id, "t", "q", 3).started(1), saved)
+    _result_ride.arm_peek(guarded=True)
+    reads = _reads(monkeypatch)
+    backend.store_result(task_id, ValueError("again"), states.RETRY)
+    assert reads == []
+    assert backend.get_task_meta(task_id)["result"] == "done"
+    record = RecordStore(backend).load(task_id)
+    assert record is not None and record.state == "active"  # the record still rode
+    _result_ride.finish()
+    assert saved == []
+
+
+def test_a_meta_lua_cannot_read_leaves_the_rule_to_celery(
+        backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SUCCESS nested deeper than Lua's JSON reads (Python reads it here): the script
+    writes nothing and Celery's read and rule decide, as without the peek."""
+    task_id = uuid.uuid4().hex
+    key = _result_ride.meta_key(backend, task_id)
+    _result_ride.peek(key, None)
+    old_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(10_000)
+    try:
+        deep: Any = []
+        for _ in range(1_200):
+            deep = [deep]
+        _in_another_thread(lambda: backend.store_result(task_id, deep, states.SUCCESS))
+        _result_ride.arm_peek(guarded=True)
+        reads = _reads(monkeypatch)
+        backend.store_result(task_id, ValueError("again"), states.RETRY)
+        assert reads == [key], "Celery's own read decided"
+        assert backend.get_task_meta(task_id)["status"] == states.SUCCESS
+    finally:
+        sys.setrecursionlimit(old_limit)
+        _result_ride.finish()
+
+
+def test_a_serializer_lua_cannot_read_keeps_celerys_read(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = Celery(f"ride-{uuid.uuid4().hex[:8]}", broker="memory://", backend=redis_url)
+    app.conf.result_serializer = "pickle"
+    app.conf.result_accept_content = ["pickle", "json"]
+    backend = app.backend
+    backend.task_keyprefix = f"ojs-test-ride-{uuid.uuid4().hex[:8]}-".encode()
+    task_id = uuid.uuid4().hex
+    key = _result_ride.meta_key(backend, task_id)
+    _result_ride.peek(key, None)
+    _result_ride.arm_peek(guarded=True)
+    reads = _reads(monkeypatch)
+    try:
+        backend.store_result(task_id, ValueError("again"), states.RETRY)
+        assert reads == [key]
+        assert backend.get_task_meta(task_id)["status"] == states.RETRY
+    finally:
+        _result_ride.finish()
+        backend.client.delete(key)
