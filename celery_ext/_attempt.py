@@ -196,7 +196,6 @@ class Delivery(AttemptSeat):
         return record
 
     def hand_off(self, record: JobRecord, decision: Decision) -> None:
-        arm_peek(guarded=True)  # RETRY is stored unless a SUCCESS is, checked in one script
         # The record before the publish (the next attempt must find it): in the MULTI of the
         # retry's own push, marked handed off, where broker and backend are one Redis
         # (``_publish_ride``); else alone.
@@ -216,6 +215,7 @@ class Delivery(AttemptSeat):
             raise
         if riding:  # a push that went without it: ``schedule_retry``'s last save marks it
             publish_ride.finish()
+        arm_peek(guarded=True)  # RETRY is stored unless a SUCCESS is, checked in one script
 
     def end(self, record: JobRecord, decision: Decision) -> None:
         """Store the terminal record (with the lease's release), report, and keep what

@@ -44,14 +44,21 @@ _ORIGINAL_GET: list[Callable[..., Any]] = []
 _INSTALL_LOCK = threading.Lock()
 
 #: Celery's write of a result meta (``SETEX``/``SET`` and ``PUBLISH``), unless the stored
-#: meta is a SUCCESS (0); -1: the stored meta is not JSON Lua reads (Python decides).
+#: meta is a SUCCESS (0); -1: a stored meta Lua cannot read as Celery's (Python decides).
+#: Celery writes ``status`` first, so a prefix answers without decoding a large result.
 #: KEYS[1] the meta key; ARGV[1] the value; ARGV[2] seconds to live ("": no expiry).
 GUARDED_SET_LUA = """
 local cur = redis.call('GET', KEYS[1])
 if cur then
-  local ok, meta = pcall(cjson.decode, cur)
-  if not ok or type(meta) ~= 'table' then return -1 end
-  if meta['status'] == 'SUCCESS' then return 0 end
+  local status = string.match(cur, '^{"status": "([%w_]+)",')
+  if not status then
+    local ok, meta = pcall(cjson.decode, cur)
+    if not ok or type(meta) ~= 'table' or type(meta['status']) ~= 'string' then
+      return -1
+    end
+    status = meta['status']
+  end
+  if status == 'SUCCESS' then return 0 end
 end
 if ARGV[2] == '' then redis.call('SET', KEYS[1], ARGV[1])
 else redis.call('SETEX', KEYS[1], ARGV[2], ARGV[1]) end
@@ -167,17 +174,23 @@ def _get_peeking(self: Any, key: Any) -> Any:
 
 
 def _lua_reads(backend: Any) -> bool:
-    """Whether ``GUARDED_SET_LUA`` can read the metas ``backend`` stores (JSON, as is)."""
+    """Whether a RETRY store of ``backend`` can be checked in ``GUARDED_SET_LUA``: metas in
+    JSON as is, written by ``RedisBackend``'s own ``set`` (through ``_set_riding``)."""
+    redis_backend = sys.modules["celery.backends.redis"].RedisBackend
+    kind = type(backend)
     return getattr(backend, "serializer", None) == "json" and \
-        not getattr(backend, "compression", None)
+        not getattr(backend, "compression", None) and kind.set is redis_backend.set and \
+        kind._set_with_state is redis_backend._set_with_state
 
 
 def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
     """``RedisBackend._set`` with this thread's rider in the transaction, if it waits for
-    ``key``; Celery's own commands' errors raise as they would, the rider's are noted."""
+    ``key``, and (a guarded RETRY store) written by ``GUARDED_SET_LUA``; Celery's own
+    commands' errors raise as they would, the rider's are noted."""
     rider: Rider | None = getattr(_LOCAL, "rider", None)
+    # Kept until a try returns: each write ``ensure`` repeats after a lost connection
+    # checks again (the successor may have finished meanwhile).
     guarded = getattr(_LOCAL, "guard", None) == key
-    _LOCAL.guard = None  # one try: a write ``ensure`` repeats is Celery's own
     riding = rider is not None and rider.armed and rider.key == key
     if not riding and not guarded:
         _ORIGINAL[0](self, key, value, expires)
@@ -197,6 +210,7 @@ def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
         # result be seen before the record, as the other rides (_publish_ride, Dramatiq's).
         commands.append(("EVAL", rider.lua, len(rider.keys), *rider.keys, *rider.args))
     replies = redis_wire.transaction(self.client, commands)
+    _LOCAL.guard = None
     own = replies[:-1] if riding else replies
     for reply in own:
         if isinstance(reply, Exception):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import uuid
@@ -27,6 +28,14 @@ def backend(redis_url: str) -> Iterator[Any]:
     client = backend.client
     for key in client.scan_iter(match=f"{prefix}*"):
         client.delete(key)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_thread_state() -> Iterator[None]:
+    """No peek, rider or guard a failed test left behind reaches the next one."""
+    _result_ride.finish()
+    yield
+    _result_ride.finish()
 
 
 def _ride(backend: Any, record: JobRecord, saved: list[str]) -> bool:
@@ -158,6 +167,7 @@ def test_a_retry_store_takes_the_peek_and_writes_in_one_script(
     backend.store_result(task_id, ValueError("again"), states.RETRY)
     assert reads == [], "the RETRY store read the meta from Redis"
     assert backend.get_task_meta(task_id)["status"] == states.RETRY
+    assert 0 < backend.client.ttl(key) <= int(backend.expires), "written with its expiry"
     message = None
     for _ in range(5):  # the first read may be the subscription's confirmation
         message = message or listener.get_message(timeout=1)
@@ -190,10 +200,29 @@ def test_a_retry_store_never_overwrites_the_success_of_its_successor(
     assert saved == []
 
 
+@pytest.mark.parametrize("stored", [states.SUCCESS, states.STARTED])
+def test_a_meta_not_in_celerys_key_order_is_read_whole(
+        backend: Any, monkeypatch: pytest.MonkeyPatch, stored: str) -> None:
+    """The script reads ``status`` from the meta's prefix as Celery writes it, else from
+    the decoded meta: either way a SUCCESS stays and nothing is read from Python."""
+    task_id = uuid.uuid4().hex
+    key = _result_ride.meta_key(backend, task_id)
+    _result_ride.peek(key, None)
+    backend.client.set(key, json.dumps({"result": "x", "status": stored}))
+    _result_ride.arm_peek(guarded=True)
+    reads = _reads(monkeypatch)
+    backend.store_result(task_id, ValueError("again"), states.RETRY)
+    assert reads == []
+    expected = states.SUCCESS if stored == states.SUCCESS else states.RETRY
+    assert backend.get_task_meta(task_id)["status"] == expected
+
+
+@pytest.mark.parametrize("stored", [states.SUCCESS, states.STARTED])
 def test_a_meta_lua_cannot_read_leaves_the_rule_to_celery(
-        backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A SUCCESS nested deeper than Lua's JSON reads (Python reads it here): the script
-    writes nothing and Celery's read and rule decide, as without the peek."""
+        backend: Any, monkeypatch: pytest.MonkeyPatch, stored: str) -> None:
+    """A meta nested deeper than Lua's JSON reads (Python reads it here): the script
+    writes nothing and Celery's read and rule decide, as without the peek: a SUCCESS
+    stays, anything else is overwritten by the RETRY."""
     task_id = uuid.uuid4().hex
     key = _result_ride.meta_key(backend, task_id)
     _result_ride.peek(key, None)
@@ -203,15 +232,86 @@ def test_a_meta_lua_cannot_read_leaves_the_rule_to_celery(
         deep: Any = []
         for _ in range(1_200):
             deep = [deep]
-        _in_another_thread(lambda: backend.store_result(task_id, deep, states.SUCCESS))
+        backend.client.set(key, backend.encode({"result": deep, "status": stored}))
         _result_ride.arm_peek(guarded=True)
         reads = _reads(monkeypatch)
         backend.store_result(task_id, ValueError("again"), states.RETRY)
         assert reads == [key], "Celery's own read decided"
-        assert backend.get_task_meta(task_id)["status"] == states.SUCCESS
+        expected = states.SUCCESS if stored == states.SUCCESS else states.RETRY
+        assert backend.get_task_meta(task_id)["status"] == expected
     finally:
         sys.setrecursionlimit(old_limit)
-        _result_ride.finish()
+
+
+def test_a_write_ensure_repeats_checks_again(
+        backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection dropped during the guarded write and the successor stored SUCCESS
+    before Celery's ``ensure`` tried again: the repeat checks too, and keeps the SUCCESS."""
+    import redis
+
+    task_id, saved = uuid.uuid4().hex, []
+    key = _result_ride.meta_key(backend, task_id)
+    _result_ride.peek(key, None)
+    assert _ride(backend, JobRecord(task_id, "t", "q", 3).started(1), saved)
+    _result_ride.arm_peek(guarded=True)
+    real, tries = _result_ride.redis_wire.transaction, []
+
+    def dropped_once(client: Any, commands: Any) -> Any:
+        tries.append([command[0] for command in commands])
+        if len(tries) == 1:
+            _in_another_thread(lambda: backend.store_result(task_id, "done", states.SUCCESS))
+            raise redis.ConnectionError("connection lost")
+        return real(client, commands)
+
+    monkeypatch.setattr(_result_ride.redis_wire, "transaction", dropped_once)
+    backend.store_result(task_id, ValueError("again"), states.RETRY)
+    assert backend.get_task_meta(task_id)["result"] == "done"
+    assert tries == [["EVAL", "EVAL"], ["EVAL"]], "the repeat went guarded, without the rider"
+    _result_ride.finish()
+    assert saved == ["alone"]  # the rider's try was lost with the connection: saved alone
+
+
+def test_a_rider_redis_refuses_beside_a_guarded_write_is_saved_alone(
+        backend: Any) -> None:
+    task_id, saved = uuid.uuid4().hex, []
+    store = RecordStore(backend)
+    key = _result_ride.meta_key(backend, task_id)
+    record_key = backend.get_key_for_task(task_id, key=".ojs")
+    backend.client.rpush(record_key, "not a record")  # the save's script errors: WRONGTYPE
+    keys, args = store._save_call(record_key, JobRecord(task_id, "t", "q", 3).started(1), None)
+    assert _result_ride.attach(backend, task_id, ORDERED_SAVE_LUA, keys, args,
+                               lambda: saved.append("alone"))
+    _result_ride.peek(key, None)
+    _result_ride.arm_peek(guarded=True)
+    backend.store_result(task_id, ValueError("again"), states.RETRY)  # raises nothing
+    assert backend.get_task_meta(task_id)["status"] == states.RETRY
+    _result_ride.finish()
+    assert saved == ["alone"]
+
+
+def test_a_backend_with_its_own_set_keeps_celerys_read(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that may not go through ``_set`` cannot be checked in the script."""
+    from celery.backends.redis import RedisBackend
+
+    class AuditedBackend(RedisBackend):  # type: ignore[misc]
+        def set(self, key: Any, value: Any, **options: Any) -> Any:
+            return super().set(key, value, **options)
+
+    app = Celery(f"ride-{uuid.uuid4().hex[:8]}", broker="memory://", backend=redis_url)
+    backend = AuditedBackend(app=app, url=redis_url)
+    backend.task_keyprefix = f"ojs-test-ride-{uuid.uuid4().hex[:8]}-".encode()
+    task_id = uuid.uuid4().hex
+    key = _result_ride.meta_key(backend, task_id)
+    assert key is not None
+    _result_ride.peek(key, None)
+    _result_ride.arm_peek(guarded=True)
+    reads = _reads(monkeypatch)
+    try:
+        backend.store_result(task_id, ValueError("again"), states.RETRY)
+        assert reads == [key]
+    finally:
+        backend.client.delete(key)
 
 
 def test_a_serializer_lua_cannot_read_keeps_celerys_read(
