@@ -289,6 +289,23 @@ def test_a_rider_redis_refuses_beside_a_guarded_write_is_saved_alone(
     assert saved == ["alone"]
 
 
+def _guarded_retry_reads(backend: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The meta reads that go to Redis when ``backend`` stores a RETRY after a guarded peek."""
+    backend.task_keyprefix = f"ojs-test-ride-{uuid.uuid4().hex[:8]}-".encode()
+    task_id = uuid.uuid4().hex
+    key = _result_ride.meta_key(backend, task_id)
+    assert key is not None
+    _result_ride.peek(key, None)
+    _result_ride.arm_peek(guarded=True)
+    reads = _reads(monkeypatch)
+    try:
+        backend.store_result(task_id, ValueError("again"), states.RETRY)
+        assert backend.get_task_meta(task_id)["status"] == states.RETRY
+    finally:
+        backend.client.delete(key)
+    return [read for read in reads if read == key]
+
+
 def test_a_backend_with_its_own_set_keeps_celerys_read(
         redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A write that may not go through ``_set`` cannot be checked in the script."""
@@ -299,19 +316,8 @@ def test_a_backend_with_its_own_set_keeps_celerys_read(
             return super().set(key, value, **options)
 
     app = Celery(f"ride-{uuid.uuid4().hex[:8]}", broker="memory://", backend=redis_url)
-    backend = AuditedBackend(app=app, url=redis_url)
-    backend.task_keyprefix = f"ojs-test-ride-{uuid.uuid4().hex[:8]}-".encode()
-    task_id = uuid.uuid4().hex
-    key = _result_ride.meta_key(backend, task_id)
-    assert key is not None
-    _result_ride.peek(key, None)
-    _result_ride.arm_peek(guarded=True)
-    reads = _reads(monkeypatch)
-    try:
-        backend.store_result(task_id, ValueError("again"), states.RETRY)
-        assert reads == [key]
-    finally:
-        backend.client.delete(key)
+    assert _guarded_retry_reads(AuditedBackend(app=app, url=redis_url), monkeypatch), \
+        "Celery's read before the store went"
 
 
 def test_a_serializer_lua_cannot_read_keeps_celerys_read(
@@ -319,17 +325,4 @@ def test_a_serializer_lua_cannot_read_keeps_celerys_read(
     app = Celery(f"ride-{uuid.uuid4().hex[:8]}", broker="memory://", backend=redis_url)
     app.conf.result_serializer = "pickle"
     app.conf.result_accept_content = ["pickle", "json"]
-    backend = app.backend
-    backend.task_keyprefix = f"ojs-test-ride-{uuid.uuid4().hex[:8]}-".encode()
-    task_id = uuid.uuid4().hex
-    key = _result_ride.meta_key(backend, task_id)
-    _result_ride.peek(key, None)
-    _result_ride.arm_peek(guarded=True)
-    reads = _reads(monkeypatch)
-    try:
-        backend.store_result(task_id, ValueError("again"), states.RETRY)
-        assert reads == [key]
-        assert backend.get_task_meta(task_id)["status"] == states.RETRY
-    finally:
-        _result_ride.finish()
-        backend.client.delete(key)
+    assert _guarded_retry_reads(app.backend, monkeypatch), "Celery's read before the store went"
