@@ -165,7 +165,7 @@ def _get_peeking(self: Any, key: Any) -> Any:
     kept: Peek | None = getattr(_LOCAL, "peek", None)
     if kept is not None and kept.key == key:
         _LOCAL.peek = None if kept.armed else kept
-        if kept.armed and not (kept.guarded and not _lua_reads(self)):
+        if kept.armed and (not kept.guarded or _lua_reads(self)):
             if kept.guarded:
                 _LOCAL.guard = key  # the write that follows checks in its script
             return kept.value
@@ -191,11 +191,12 @@ def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
     # Kept until a try returns: each write ``ensure`` repeats after a lost connection
     # checks again (the successor may have finished meanwhile).
     guarded = getattr(_LOCAL, "guard", None) == key
-    riding = rider is not None and rider.armed and rider.key == key
-    if not riding and not guarded:
+    if rider is not None and (not rider.armed or rider.key != key):
+        rider = None  # it waits for another write
+    if rider is None and not guarded:
         _ORIGINAL[0](self, key, value, expires)
         return
-    if rider is not None and riding:
+    if rider is not None:
         rider.armed = False  # one try: a write ``ensure`` repeats goes alone (``finish``)
     if expires is None:
         expires = self.expires
@@ -205,17 +206,17 @@ def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
         ("EVAL", GUARDED_SET_LUA, 1, key, value, seconds if expires else "")] if guarded \
         else [("SETEX", key, seconds, value) if expires else ("SET", key, value),
               ("PUBLISH", key, value)]
-    if rider is not None and riding:
+    if rider is not None:
         # EVAL, not EVALSHA: a script Redis lost (a restart, SCRIPT FLUSH) must not let the
         # result be seen before the record, as the other rides (_publish_ride, Dramatiq's).
         commands.append(("EVAL", rider.lua, len(rider.keys), *rider.keys, *rider.args))
     replies = redis_wire.transaction(self.client, commands)
     _LOCAL.guard = None
-    own = replies[:-1] if riding else replies
+    own = replies if rider is None else replies[:-1]
     for reply in own:
         if isinstance(reply, Exception):
             raise reply
-    if rider is not None and riding:
+    if rider is not None:
         rider.written = not isinstance(replies[-1], Exception)  # else ``finish`` saves
     if guarded and own[0] == -1:  # a meta Lua cannot read: Celery's read and rule decide
         stored = _ORIGINAL_GET[0](self, key)

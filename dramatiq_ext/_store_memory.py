@@ -110,6 +110,7 @@ class MemoryRecordStore:
         self._records["lease:" + key] = (holder, now + ttl / 1000)
         return True
 
+
 def _attempt(text: str) -> float:
     """The attempt of a stored record's JSON as the admission script reads it (Lua's
     ``tonumber``: a number or a numeric string); an unreadable one is of no attempt, so

@@ -42,6 +42,15 @@ def _ride(backend: Any, record: JobRecord, saved: list[str]) -> bool:
     return RecordStore(backend).save_with_result(record, None, lambda: saved.append("alone"))
 
 
+def _reads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The result meta reads that go to Redis from now on."""
+    reads: list[Any] = []
+    real = _result_ride._ORIGINAL_GET[0]
+    monkeypatch.setattr(_result_ride, "_ORIGINAL_GET",
+                        [lambda self, k: reads.append(k) or real(self, k)])
+    return reads
+
+
 def test_the_record_is_written_in_the_result_transaction(backend: Any) -> None:
     task_id, saved = uuid.uuid4().hex, []
     assert _ride(backend, JobRecord(task_id, "t", "q", 3).started(1).completed(), saved)
@@ -112,10 +121,7 @@ def test_an_armed_peek_answers_the_read_before_the_store_once(
     backend.store_result(task_id, 1, states.STARTED)  # what admission saw
     _result_ride.peek(key, backend.client.get(key))
     _result_ride.arm_peek()
-    reads: list[Any] = []
-    real = _result_ride._ORIGINAL_GET[0]
-    monkeypatch.setattr(_result_ride, "_ORIGINAL_GET",
-                        [lambda self, k: reads.append(k) or real(self, k)])
+    reads = _reads(monkeypatch)
     backend.store_result(task_id, 42, states.SUCCESS)
     assert reads == [], "the store read the meta from Redis"
     assert backend.get_task_meta(task_id)["result"] == 42
@@ -134,15 +140,6 @@ def test_a_read_of_the_meta_during_the_attempt_spoils_the_peek(
     backend.store_result(task_id, "late", states.SUCCESS)  # Celery keeps the first SUCCESS
     assert backend.get_task_meta(task_id)["result"] == "mine"
     _result_ride.finish()
-
-
-def _reads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The result meta reads that go to Redis from now on."""
-    reads: list[Any] = []
-    real = _result_ride._ORIGINAL_GET[0]
-    monkeypatch.setattr(_result_ride, "_ORIGINAL_GET",
-                        [lambda self, k: reads.append(k) or real(self, k)])
-    return reads
 
 
 def _in_another_thread(work: Any) -> None:
