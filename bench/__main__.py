@@ -3,7 +3,9 @@
 Sections: ``core`` (micro-benchmarks of the core), ``e2e`` (throughput, native
 against OJS, alternating rounds), ``timing`` (retry lateness) and ``memory``
 (worker RSS with jobs waiting in backoff); ``web`` (the console's page times with
-10,000 dead letters and 10,000 waiting retries per framework, ``bench.web``). Workers are in-process
+10,000 dead letters and 10,000 waiting retries per framework, ``bench.web``); ``reference``
+(Dramatiq native, with its ``Results`` middleware, and with OJS: ``bench.reference``;
+not in the default run, ``--only reference``). Workers are in-process
 (``celery.contrib.testing.worker`` thread pool; ``dramatiq.Worker`` threads),
 4 threads each; the memory runs use a fresh process per measurement.
 """
@@ -21,13 +23,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench import core, e2e, env, memory, report, timing
-from bench.workload import Side
+from bench import core, e2e, env, memory, reference, report, timing
+from bench.workload import VARIANTS, Side, Variant
 
 #: Where results go unless --out says otherwise.
 RESULTS_DIR = Path(__file__).parent / "results"
-#: Every section, in run order.
+#: The sections of a default run, in run order.
 ALL_SECTIONS = ("core", "e2e", "timing", "memory", "web")
+#: Sections run only when ``--only`` names them.
+EXTRA_SECTIONS = ("reference",)
 
 
 def _settings(quick: bool) -> dict[str, Any]:
@@ -47,26 +51,27 @@ def _settings(quick: bool) -> dict[str, Any]:
             "per_delay": 60, "window": 12.0, "memory_jobs": 10_000}
 
 
-def _side(framework: str, broker: str) -> Side:
+def _side(framework: str, broker: str, variants: tuple[Variant, ...] = VARIANTS) -> Side:
     if framework == "celery":
         from bench.celery_side import CelerySide
 
-        return CelerySide(broker)
+        return CelerySide(broker, variants=variants)
     from bench.dramatiq_side import DramatiqSide
 
-    return DramatiqSide(broker)
+    return DramatiqSide(broker, variants=variants)
 
 
 def _each_side(brokers: tuple[str, ...], work: Callable[[Side], list[dict[str, Any]]],
-               ) -> list[dict[str, Any]]:
+               frameworks: tuple[str, ...] = ("celery", "dramatiq"),
+               variants: tuple[Variant, ...] = VARIANTS) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for broker in brokers:
         if not env.reachable(broker):
             print(f"skipping {broker}: not reachable", file=sys.stderr)
             continue
-        for framework in ("celery", "dramatiq"):
+        for framework in frameworks:
             started = time.perf_counter()
-            side = _side(framework, broker)
+            side = _side(framework, broker, variants)
             try:
                 rows += work(side)
             finally:
@@ -85,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="JSON file to write")
     args = parser.parse_args(argv)
     sections = [s for s in args.only.split(",") if s]
-    unknown = set(sections) - set(ALL_SECTIONS)
+    unknown = set(sections) - set(ALL_SECTIONS) - set(EXTRA_SECTIONS)
     if unknown:
-        parser.error(f"unknown sections {sorted(unknown)}; choose from {ALL_SECTIONS}")
+        parser.error(f"unknown sections {sorted(unknown)}; choose from "
+                     f"{ALL_SECTIONS + EXTRA_SECTIONS}")
     settings = _settings(args.quick)
     if args.jobs:
         settings["jobs"] = {"celery": args.jobs, "dramatiq": args.jobs}
@@ -104,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         elif section == "e2e":
             result["e2e"] = _each_side(settings["e2e_brokers"], lambda side: e2e.run(
                 side, jobs=settings["jobs"][side.framework], rounds=settings["rounds"]))
+        elif section == "reference":
+            result["reference"] = _each_side(
+                settings["e2e_brokers"], lambda side: reference.run(
+                    side, jobs=settings["jobs"][side.framework], rounds=settings["rounds"]),
+                frameworks=("dramatiq",), variants=reference.ORDER)
         elif section == "timing":
             result["timing"] = _each_side(settings["timing_brokers"], lambda side: timing.run(
                 side, per_delay=settings["per_delay"], window=settings["window"]))

@@ -14,6 +14,9 @@ in a ``dramatiq`` process). Per retry delay ``d``:
   ``backoff_strategy`` none, jitter off, ``on_exhaustion`` dead_letter. Job
   records go to the broker's Redis (RedisBroker) or to a ``RedisRecordStore``
   (RabbitMQ: the store the adapter's docs recommend there).
+- results (the ``reference`` section only): native, plus Dramatiq's ``Results``
+  middleware storing every job's result in Redis (``store_results=True``): what a
+  Dramatiq app that keeps results pays, as every Celery app with a result backend does.
 
 Exhausted jobs end in ``<queue>.XQ`` on both sides.
 """
@@ -35,6 +38,8 @@ from dramatiq.middleware import (
     TimeLimit,
 )
 from dramatiq.middleware import retries as retries_module
+from dramatiq.results import Results
+from dramatiq.results.backends.redis import RedisBackend
 
 from bench import env
 from bench.celery_side import CONCURRENCY, ojs_policy
@@ -85,8 +90,11 @@ class DramatiqSide:
         for variant in variants:
             space = f"{self.prefix}-{variant}"
             queue = self.queues[variant] = space.replace("-", "_")
-            native = variant == "native"
+            native = variant != "ojs"
             extra: list[Middleware] = [Retries(max_retries=MAX_ATTEMPTS - 1)] if native else []
+            if variant == "results":
+                extra.append(Results(backend=RedisBackend(  # type: ignore[no-untyped-call]
+                    url=env.REDIS_URL, namespace=f"{space}-results")))
             the_broker = self.brokers[variant] = self._broker(space, _defaults() + extra)
             if not native:
                 store = None if broker == "redis" else RedisRecordStore(
@@ -97,6 +105,8 @@ class DramatiqSide:
                 options: dict[str, Any] = (
                     {"max_retries": MAX_ATTEMPTS - 1, "min_backoff": millis,
                      "max_backoff": millis} if native else {"retry_policy": ojs_policy(delay)})
+                if variant == "results":
+                    options["store_results"] = True
                 dramatiq.actor(broker=the_broker, queue_name=queue,
                                actor_name=f"bench_{variant}_{millis}", **options)(body)
 

@@ -42,6 +42,15 @@ def _commands(row: dict[str, Any]) -> str:
     return f"{text} (<={budget:.1f} {verdict})"
 
 
+def _reference(row: dict[str, Any]) -> list[str]:
+    return [row["framework"], row["broker"], row["mix"], str(row["jobs"]),
+            f"{row['native_jobs_s']:.0f}", f"{row['results_jobs_s']:.0f}",
+            f"{row['ojs_jobs_s']:.0f}", f"{row['results_ratio']:.2f}",
+            f"{row['ojs_ratio']:.2f}", f"{row['ojs_to_results']:.2f}",
+            f"{row['native_cpu_us_per_job']} / {row['results_cpu_us_per_job']} / "
+            f"{row['ojs_cpu_us_per_job']}"]
+
+
 def _timing(row: dict[str, Any]) -> list[str]:
     return [row["framework"], row["broker"], f"{row['delay_s']:g}", row["variant"],
             str(row["jobs"]), f"{row['p50_ms']:.1f}", f"{row['p99_ms']:.1f}"]
@@ -59,6 +68,11 @@ SECTIONS: dict[str, Section] = {
             ["framework", "broker", "mix", "jobs", "native", "OJS", "OJS/native", "target",
              "CPU us/job native / OJS", "Redis round trips/job native / OJS"],
             _e2e),
+    "reference": ("Dramatiq: native, with its Results middleware (Redis), and OJS "
+                  "(jobs/s, median of rounds)",
+                  ["framework", "broker", "mix", "jobs", "native", "+Results", "OJS",
+                   "+Results/native", "OJS/native", "OJS/+Results",
+                   "CPU us/job native / +Results / OJS"], _reference),
     "timing": ("Retry lateness (start - failure - countdown)",
                ["framework", "broker", "delay s", "variant", "jobs", "p50 ms", "p99 ms"],
                _timing),

@@ -23,8 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-#: The two sides of every comparison: the framework's own retries, or the OJS adapter.
-Variant = Literal["native", "ojs"]
+#: The two sides of every comparison: the framework's own retries, or the OJS adapter; and,
+#: for the ``reference`` section only, Dramatiq's own retries with its ``Results`` middleware
+#: storing every job's result in Redis (``results``).
+Variant = Literal["native", "ojs", "results"]
 #: Both variants, in the order of an even round.
 VARIANTS: tuple[Variant, Variant] = ("native", "ojs")
 #: Attempts every policy allows (native: 2 retries; OJS: ``max_attempts`` 3).
