@@ -28,16 +28,21 @@ from ojs_adapters.runtime import redis_wire
 MAX_BATCH = 64
 
 
+#: A call's reply before its flush gave it one.
+_UNSENT: Any = object()
+
+
 class _Call:
     """One queued script call and, once flushed, its reply or error."""
 
-    __slots__ = ("args", "client", "done", "error", "gate", "keys", "lua", "reply")
+    __slots__ = ("args", "client", "done", "error", "gate", "keys", "lead", "lua", "reply")
 
     def __init__(self, client: Any, lua: str, keys: Sequence[Any], args: Sequence[Any]) -> None:
         self.client, self.lua, self.keys, self.args = client, lua, keys, args
-        self.reply: Any = None
+        self.reply: Any = _UNSENT
         self.error: BaseException | None = None
         self.done = False
+        self.lead = False  # woken to lead the next flush (set under the queue's lock)
         self.gate = threading.Lock()  # held until this call is done, or its thread leads
         self.gate.acquire()
 
@@ -65,16 +70,20 @@ class GroupCommit:
         self._line = redis_wire.Line()  # the connection of whoever is on the wire
 
     def run(self, client: Any, lua: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run the Lua script ``lua`` on ``keys`` and ``args``; its reply, or its error."""
-        with self._lock:
-            alone = not self._busy
-            if alone:
-                self._busy = True
-            else:
-                call = _Call(client, lua, keys, args)
-                self._queue.append(call)
-        if alone:  # nothing in flight: straight out, as without group commit
-            try:
+        """Run the Lua script ``lua`` on ``keys`` and ``args``; its reply, or its error.
+
+        An exception raised into this thread from outside (Dramatiq's ``TimeLimit``, a
+        shutdown) never leaves the group without a leader or a flush half done: the lead
+        is handed on, and the other callers of a flush it cut short retry theirs."""
+        leading, call = False, None
+        try:
+            with self._lock:
+                if not self._busy:
+                    self._busy = leading = True
+                else:
+                    call = _Call(client, lua, keys, args)
+                    self._queue.append(call)
+            if leading:  # nothing in flight: straight out, as without group commit
                 pool = redis_wire.pool_of(client)
                 if pool is None:
                     return _evalsha(client, lua, keys, args)
@@ -82,30 +91,58 @@ class GroupCommit:
                 if isinstance(reply, BaseException):
                     raise reply
                 return reply
-            finally:
+            assert call is not None
+            call.gate.acquire()  # woken when done, or to lead the next flush
+            if not call.done:
+                self._lead(call)
+            return call.outcome()
+        except BaseException:
+            if call is not None and not call.done:
+                self._leave(call)
+            raise
+        finally:
+            if leading:
                 self._hand_on()
-        call.gate.acquire()  # woken when done, or to lead the next flush
-        if not call.done:
-            self._lead()
-        return call.outcome()
 
     def _hand_on(self) -> None:
         """Wake the first queued call to lead the next flush, or go idle."""
         with self._lock:
             if self._queue:
+                self._queue[0].lead = True
                 self._queue[0].wake()
             else:
                 self._busy = False
 
-    def _lead(self) -> None:
+    def _leave(self, call: _Call) -> None:
+        """Take ``call`` out of the queue (its thread is leaving) and, if it was woken to
+        lead, wake the next call to lead instead (or go idle)."""
         with self._lock:
-            batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+            if call in self._queue:
+                self._queue.remove(call)
+            if not call.lead:
+                return
+            call.lead = False
+            if self._queue:
+                self._queue[0].lead = True
+                self._queue[0].wake()
+            else:
+                self._busy = False
+
+    def _lead(self, mine: _Call) -> None:
+        batch: list[_Call] = []
         try:
+            with self._lock:
+                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
             self._flush(batch)
         finally:
             for call in batch:
+                if call.reply is _UNSENT and call.error is None:
+                    # The flush was cut short by an exception raised into this thread (it
+                    # goes on up here): to the others, a connection lost mid-call.
+                    call.error = ConnectionError("the flush carrying this call was cut short")
                 call.done = True
                 call.wake()
+            mine.lead = False
             self._hand_on()
 
     def _flush(self, batch: list[_Call]) -> None:
@@ -124,7 +161,7 @@ class GroupCommit:
                 for call in batch:
                     pipe.evalsha(script_sha(call.lua), len(call.keys), *call.keys, *call.args)
                 replies = pipe.execute(raise_on_error=False)
-        except BaseException as error:  # every caller sees it and retries as it would alone
+        except Exception as error:  # every caller sees it and retries as it would alone
             for call in batch:
                 call.error = error
             return
@@ -132,7 +169,7 @@ class GroupCommit:
             if _no_script(reply) and pool is None:  # Redis lost its scripts: load, send again
                 try:
                     call.reply = _evalsha(call.client, call.lua, call.keys, call.args)
-                except BaseException as error:
+                except Exception as error:
                     call.error = error
             elif isinstance(reply, BaseException):
                 call.error = reply

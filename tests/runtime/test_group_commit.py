@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 import uuid
@@ -121,3 +122,86 @@ def test_threads_hammering_one_key_lose_no_call(client: Any, key: str) -> None:
         thread.join(30)
     assert client.llen(key) == 1200
     assert not group_of(client)._busy and not group_of(client)._queue
+
+
+class _Interrupt(BaseException):
+    """What Dramatiq's ``TimeLimit`` raises into a worker thread (an ``Interrupt``)."""
+
+
+def _interrupt(thread: threading.Thread) -> None:
+    """Raise ``_Interrupt`` in ``thread`` at its next bytecode, as ``TimeLimit`` does."""
+    assert thread.ident is not None
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                               ctypes.py_object(_Interrupt))
+
+
+def _calls(gated: Any, key: str, outcomes: dict[str, Any]) -> Any:
+    def call(name: str) -> None:
+        try:
+            outcomes[name] = run_script(gated, _PUSH, [key], [name])
+        except BaseException as error:  # the test reads what each one got
+            outcomes[name] = error
+    return call
+
+
+def test_a_caller_interrupted_in_the_queue_hands_the_lead_on(client: Any, key: str) -> None:
+    gated = _Gated(client)
+    outcomes: dict[str, Any] = {}
+    call = _calls(gated, key, outcomes)
+    lead = threading.Thread(target=call, args=("lead",))
+    lead.start()
+    assert gated.entered.wait(5)
+    queued = threading.Thread(target=call, args=("queued",))
+    queued.start()
+    _wait_queued(gated, 1)
+    _interrupt(queued)  # lands once the leader wakes it to lead the next flush
+    gated.gate.set()
+    lead.join(10)
+    queued.join(10)
+    assert outcomes["lead"] == 1 and isinstance(outcomes["queued"], _Interrupt)
+    after = threading.Thread(target=call, args=("after",))
+    after.start()
+    after.join(10)
+    assert outcomes["after"] == 2  # the group has a leader again: nothing hangs
+    assert not group_of(gated)._busy and not group_of(gated)._queue
+
+
+def test_a_leader_interrupted_mid_flush_leaves_the_others_a_connection_error(
+        client: Any, key: str) -> None:
+    gated = _Gated(client)
+    in_flush, flush_gate = threading.Event(), threading.Event()
+    pipeline = gated.pipeline
+
+    def slow_pipeline(transaction: bool = True) -> Any:
+        pipe = pipeline(transaction)
+        execute = pipe.execute
+
+        def held(raise_on_error: bool = True) -> Any:
+            in_flush.set()
+            while not flush_gate.is_set():  # Python code: the interrupt lands here
+                time.sleep(0.01)
+            return execute(raise_on_error=raise_on_error)
+
+        pipe.execute = held
+        return pipe
+
+    gated.pipeline = slow_pipeline  # type: ignore[method-assign]
+    outcomes: dict[str, Any] = {}
+    call = _calls(gated, key, outcomes)
+    threads = {name: threading.Thread(target=call, args=(name,))
+               for name in ("alone", "leader", "other")}
+    threads["alone"].start()
+    assert gated.entered.wait(5)
+    threads["leader"].start()
+    _wait_queued(gated, 1)
+    threads["other"].start()
+    _wait_queued(gated, 2)
+    gated.gate.set()  # "alone" returns; "leader" flushes itself and "other" in one pipeline
+    assert in_flush.wait(10)
+    _interrupt(threads["leader"])
+    for thread in threads.values():
+        thread.join(10)
+    assert isinstance(outcomes["leader"], _Interrupt)  # raised in its own thread only
+    assert isinstance(outcomes["other"], ConnectionError)  # retried by its caller
+    assert not group_of(gated)._busy and not group_of(gated)._queue
+    assert run_script(gated, _PUSH, [key], ["after"]) == 2  # only "alone" had pushed
