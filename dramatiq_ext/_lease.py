@@ -142,5 +142,13 @@ def time_limit_held(broker: Broker, message: MessageProxy, started: float) -> It
             limit.manager.add_timeout(threading.get_ident(), left)  # type: ignore[no-untyped-call]
 
 
+def time_limit_over(broker: Broker, message: MessageProxy) -> None:
+    """The actor ended: its ``TimeLimit`` stops now. Dramatiq stops it after our hooks (the
+    ``Retries`` slot is last, and ``emit_after`` goes backwards), so without this a limit
+    could fire into the saving of an attempt that ended in time and count it a timeout."""
+    for limit in _time_limits(broker):
+        limit.after_process_message(broker, message)  # type: ignore[no-untyped-call]
+
+
 def _time_limits(broker: Broker) -> list[TimeLimit]:
     return [m for m in broker.middleware if isinstance(m, TimeLimit)]

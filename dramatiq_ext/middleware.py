@@ -28,6 +28,7 @@ from dramatiq_ext._lease import (
     DeliverySeat,
     claim_key,
     time_limit_ms,
+    time_limit_over,
     token_of,
 )
 from dramatiq_ext._outcome import (
@@ -164,6 +165,7 @@ class OjsRetries(RetriesSettings):
 
     def after_process_message(self, broker: Broker, message: MessageProxy, *,
                               result: Any = None, exception: BaseException | None = None) -> None:
+        time_limit_over(broker, message)  # the actor is done; what follows is ours
         clear_current_job()
         if isinstance(exception, AttemptConsumed):
             dead = vars(message).pop(DEAD, None)
@@ -187,6 +189,7 @@ class OjsRetries(RetriesSettings):
         self._carry_out(broker, message, state, policy, record, decision)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        time_limit_over(broker, message)
         clear_current_job()
         state = _state_of(message)
         if state.dead_letter and message.failed:
@@ -205,7 +208,8 @@ class OjsRetries(RetriesSettings):
                 # the ack already; on this error it waits, looks again, and nacks.
                 raise HandoffPending(f"{message.message_id} dead-lettered; nack, not ack")
         ack_ride.arm(broker, message, self.store_for(broker))  # a stashed record goes with it
-        LEASE_RENEWER.drop(vars(message).pop(LEASED, ""))  # the outcome is stored: let it lapse
+        # The outcome is stored (on a RedisBroker, it goes with the ack): let the lease lapse.
+        LEASE_RENEWER.drop(vars(message).pop(LEASED, ""))
 
     before_nack = before_ack
 

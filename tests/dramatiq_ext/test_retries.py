@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 
 import pytest
 from dramatiq.common import q_name
 
+from dramatiq_ext import OjsRetries
+from dramatiq_ext.stores import MemoryRecordStore
 from ojs_adapters import JobError, RetryPolicy
-from tests.dramatiq_ext.harness import Env, flaky
+from tests.dramatiq_ext.harness import Env, flaky, make_env
 
 FAST = {"initial_interval": "PT0.05S", "jitter": False}
 
@@ -203,6 +206,35 @@ def test_time_limit_becomes_handler_timeout_and_consumes_an_attempt(env: Env) ->
     [error] = record.errors
     assert (error.code, error.attempt) == ("HANDLER_TIMEOUT", 1)
     assert error.type.endswith("TimeLimitExceeded")
+
+
+class _SlowEndStore(MemoryRecordStore):
+    """A store whose save of a ``completed`` record takes a while (a slow backend)."""
+
+    def save(self, message_id: str, record: dict[str, Any]) -> None:
+        if record.get("state") == "completed":
+            time.sleep(0.25)
+        super().save(message_id, record)
+
+
+def test_a_job_that_ended_in_time_is_not_timed_out_by_its_bookkeeping() -> None:
+    """The actor returns inside its limit; saving its outcome outlasts the limit. The limit
+    is the actor's: the job is done once, with no HANDLER_TIMEOUT (RET-12 is for stalls)."""
+    calls: list[float] = []
+
+    def quick() -> None:
+        calls.append(time.monotonic())
+        for _ in range(15):  # 150 ms of a 300 ms limit, in Python (an interrupt would land)
+            time.sleep(0.01)
+
+    with make_env("stub", ojs=OjsRetries(store=_SlowEndStore())) as env:
+        actor = env.actor(quick, time_limit=300, retry_policy={**FAST, "max_attempts": 3})
+        env.start(threads=1)
+        message = actor.send()
+        record = env.wait_record(message.message_id)
+        time.sleep(0.5)  # a wrongly timed-out attempt would have run again by now
+        assert (record.state, record.attempt, record.errors) == ("completed", 1, ())
+        assert len(calls) == 1
 
 
 def test_record_is_readable_during_the_job(env: Env) -> None:
