@@ -11,15 +11,13 @@ signal, which the tracer sends in the same thread before the ack, saves it the u
 way. ``RedisBackend`` subclasses that override ``_set`` never ride.
 
 Before it stores an outcome Celery reads the task's result meta (``GET``), so as never to
-overwrite a SUCCESS. Admission read that key in its own script (``peek``): nothing but
-this delivery writes the meta of its attempt (claims and leases keep every other delivery
-out, and no successor exists before a retry is handed off), so the store of a success or a
-terminal failure takes that value instead of a round trip (``arm_peek``), provided the
-delivery surely held its lease throughout (``LeaseRenewer.alive``). Any other read of
-the key during the attempt spoils the peek (Redis answers from then on). A retry's
-successor may finish before the RETRY store, so that store (``arm_peek(guarded=True)``)
-takes the peek and writes only if the meta is not SUCCESS, checked in the same script
-(``GUARDED_SET_LUA``): Celery's rule, without its separate read.
+overwrite a SUCCESS. Admission read that key in its own script (``peek``), and the store
+takes that value instead of a round trip (``arm_peek``); its write then checks for a
+SUCCESS in the same script (``GUARDED_SET_LUA``): Celery's rule, without its separate
+read, and checked where it writes, so another writer meanwhile (a retry's successor that
+finished first, a delivery whose lease lapsed) is never overwritten. Any other read of the
+key during the attempt spoils the peek (Redis answers from then on), and a backend whose
+metas Lua cannot read (not JSON, compressed, its own ``set``) keeps Celery's read.
 """
 
 from __future__ import annotations
@@ -68,26 +66,33 @@ return 1
 
 
 class Rider:
-    """A record save waiting for the result write of ``key``; ``save`` is the way alone."""
+    """A record save waiting for the result write of ``key``; ``save`` is the way alone;
+    ``before`` runs once, just before the save goes out either way."""
 
-    __slots__ = ("args", "armed", "key", "keys", "lua", "save", "written")
+    __slots__ = ("args", "armed", "before", "key", "keys", "lua", "save", "written")
 
     def __init__(self, key: bytes | str, lua: str, keys: Sequence[Any], args: Sequence[Any],
-                 save: Callable[[], None]) -> None:
+                 save: Callable[[], None], before: Callable[[], None] | None) -> None:
         self.key, self.lua, self.keys, self.args, self.save = key, lua, keys, args, save
+        self.before = before
         self.armed = True  # the next result write of ``key`` in this thread carries it
         self.written = False
+
+    def going(self) -> None:
+        """The save goes out now: ``before`` runs (once)."""
+        before, self.before = self.before, None
+        if before is not None:
+            before()
 
 
 class Peek:
     """The result meta ``key`` held as admission read it (``value``), for one later read."""
 
-    __slots__ = ("armed", "guarded", "key", "spoiled", "value")
+    __slots__ = ("armed", "key", "spoiled", "value")
 
     def __init__(self, key: Any, value: Any) -> None:
         self.key, self.value = key, value
         self.armed = False  # the next read of ``key`` in this thread takes ``value``
-        self.guarded = False  # and the write after it checks for a SUCCESS in its script
         self.spoiled = False  # ``key`` was read meanwhile: Redis answers from now on
 
 
@@ -104,21 +109,22 @@ def peek(key: Any, value: Any) -> None:
     _LOCAL.peek = Peek(key, value)
 
 
-def arm_peek(*, guarded: bool = False) -> None:
+def arm_peek() -> None:
     """The next read of the attempt's meta (Celery's, before it stores the outcome) takes
-    the peeked value: the attempt ended with no successor, or (``guarded``: a retry was
-    handed off) the store's write checks the meta is not a SUCCESS in its own script."""
+    the peeked value, and the store's write checks the meta is not a SUCCESS in its own
+    script."""
     kept: Peek | None = getattr(_LOCAL, "peek", None)
     if kept is not None and not kept.spoiled:
-        kept.armed, kept.guarded = True, guarded
+        kept.armed = True
 
 
 def attach(backend: Any, task_id: str, lua: str, keys: Sequence[Any], args: Sequence[Any],
-           save: Callable[[], None]) -> bool:
-    """Let the save ride on ``task_id``'s next result write; ``False``: save it now."""
+           save: Callable[[], None], before: Callable[[], None] | None = None) -> bool:
+    """Let the save ride on ``task_id``'s next result write (``before`` runs just before it
+    goes, with that write or alone); ``False``: save it now."""
     if not _install(backend):
         return False
-    _LOCAL.rider = Rider(backend.get_key_for_task(task_id), lua, keys, args, save)
+    _LOCAL.rider = Rider(backend.get_key_for_task(task_id), lua, keys, args, save, before)
     return True
 
 
@@ -129,6 +135,7 @@ def finish() -> None:
     _LOCAL.peek = None
     _LOCAL.guard = None
     if rider is not None and not rider.written:
+        rider.going()
         rider.save()
 
 
@@ -165,16 +172,15 @@ def _get_peeking(self: Any, key: Any) -> Any:
     kept: Peek | None = getattr(_LOCAL, "peek", None)
     if kept is not None and kept.key == key:
         _LOCAL.peek = None if kept.armed else kept
-        if kept.armed and (not kept.guarded or _lua_reads(self)):
-            if kept.guarded:
-                _LOCAL.guard = key  # the write that follows checks in its script
+        if kept.armed and _lua_reads(self):
+            _LOCAL.guard = key  # the write that follows checks in its script
             return kept.value
         kept.spoiled = True
     return _ORIGINAL_GET[0](self, key)
 
 
 def _lua_reads(backend: Any) -> bool:
-    """Whether a RETRY store of ``backend`` can be checked in ``GUARDED_SET_LUA``: metas in
+    """Whether a store of ``backend`` can be checked in ``GUARDED_SET_LUA``: metas in
     JSON as is, written by ``RedisBackend``'s own ``set`` (through ``_set_riding``)."""
     redis_backend = sys.modules["celery.backends.redis"].RedisBackend
     kind = type(backend)
@@ -185,7 +191,7 @@ def _lua_reads(backend: Any) -> bool:
 
 def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
     """``RedisBackend._set`` with this thread's rider in the transaction, if it waits for
-    ``key``, and (a guarded RETRY store) written by ``GUARDED_SET_LUA``; Celery's own
+    ``key``, and (a store that took the peek) written by ``GUARDED_SET_LUA``; Celery's own
     commands' errors raise as they would, the rider's are noted."""
     rider: Rider | None = getattr(_LOCAL, "rider", None)
     # Kept until a try returns: each write ``ensure`` repeats after a lost connection
@@ -198,6 +204,7 @@ def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
         return
     if rider is not None:
         rider.armed = False  # one try: a write ``ensure`` repeats goes alone (``finish``)
+        rider.going()
     if expires is None:
         expires = self.expires
     seconds = int(expires.total_seconds()) if isinstance(expires, datetime.timedelta) \
@@ -211,7 +218,6 @@ def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
         # result be seen before the record, as the other rides (_publish_ride, Dramatiq's).
         commands.append(("EVAL", rider.lua, len(rider.keys), *rider.keys, *rider.args))
     replies = redis_wire.transaction(self.client, commands)
-    _LOCAL.guard = None
     own = replies if rider is None else replies[:-1]
     for reply in own:
         if isinstance(reply, Exception):
@@ -222,3 +228,4 @@ def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
         stored = _ORIGINAL_GET[0](self, key)
         if not stored or self.decode_result(stored)["status"] != "SUCCESS":
             _ORIGINAL[0](self, key, value, expires)
+    _LOCAL.guard = None  # the write is done (a repeat of a failed one checks again)

@@ -157,7 +157,7 @@ def test_a_retry_store_takes_the_peek_and_writes_in_one_script(
     backend.store_result(task_id, 1, states.STARTED)
     _result_ride.peek(key, backend.client.get(key))
     assert _ride(backend, JobRecord(task_id, "t", "q", 3).started(1), saved)
-    _result_ride.arm_peek(guarded=True)
+    _result_ride.arm_peek()
     reads = _reads(monkeypatch)
     listener = backend.client.pubsub(ignore_subscribe_messages=True)
     listener.subscribe(key)
@@ -177,18 +177,21 @@ def test_a_retry_store_takes_the_peek_and_writes_in_one_script(
     assert saved == []
 
 
-def test_a_retry_store_never_overwrites_the_success_of_its_successor(
-        backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Celery's rule (never overwrite a SUCCESS) holds though the peek predates it: the
-    successor finished between admission and the RETRY store."""
+@pytest.mark.parametrize("state", [states.RETRY, states.FAILURE, states.SUCCESS])
+def test_a_store_that_took_the_peek_never_overwrites_a_success_since(
+        backend: Any, monkeypatch: pytest.MonkeyPatch, state: str) -> None:
+    """Celery's rule (never overwrite a SUCCESS) holds though the peek predates it: a
+    retry's successor finished between admission and the RETRY store, or a delivery whose
+    lease lapsed stored SUCCESS before this one's FAILURE (or SUCCESS)."""
     task_id, saved = uuid.uuid4().hex, []
     key = _result_ride.meta_key(backend, task_id)
     _result_ride.peek(key, None)
     _in_another_thread(lambda: backend.store_result(task_id, "done", states.SUCCESS))
     assert _ride(backend, JobRecord(task_id, "t", "q", 3).started(1), saved)
-    _result_ride.arm_peek(guarded=True)
+    _result_ride.arm_peek()
     reads = _reads(monkeypatch)
-    backend.store_result(task_id, ValueError("again"), states.RETRY)
+    outcome = "late" if state == states.SUCCESS else ValueError("again")
+    backend.store_result(task_id, outcome, state)
     assert reads == []
     assert backend.get_task_meta(task_id)["result"] == "done"
     record = RecordStore(backend).load(task_id)
@@ -206,7 +209,7 @@ def test_a_meta_not_in_celerys_key_order_is_read_whole(
     key = _result_ride.meta_key(backend, task_id)
     _result_ride.peek(key, None)
     backend.client.set(key, json.dumps({"result": "x", "status": stored}))
-    _result_ride.arm_peek(guarded=True)
+    _result_ride.arm_peek()
     reads = _reads(monkeypatch)
     backend.store_result(task_id, ValueError("again"), states.RETRY)
     assert reads == []
@@ -230,7 +233,7 @@ def test_a_meta_lua_cannot_read_leaves_the_rule_to_celery(
         for _ in range(1_200):
             deep = [deep]
         backend.client.set(key, backend.encode({"result": deep, "status": stored}))
-        _result_ride.arm_peek(guarded=True)
+        _result_ride.arm_peek()
         reads = _reads(monkeypatch)
         backend.store_result(task_id, ValueError("again"), states.RETRY)
         assert reads == [key], "Celery's own read decided"
@@ -250,7 +253,7 @@ def test_a_write_ensure_repeats_checks_again(
     key = _result_ride.meta_key(backend, task_id)
     _result_ride.peek(key, None)
     assert _ride(backend, JobRecord(task_id, "t", "q", 3).started(1), saved)
-    _result_ride.arm_peek(guarded=True)
+    _result_ride.arm_peek()
     real, tries = _result_ride.redis_wire.transaction, []
 
     def dropped_once(client: Any, commands: Any) -> Any:
@@ -268,6 +271,47 @@ def test_a_write_ensure_repeats_checks_again(
     assert saved == ["alone"]  # the rider's try was lost with the connection: saved alone
 
 
+def test_a_write_whose_fallback_read_is_cut_repeats_guarded(
+        backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A meta Lua cannot read sends the decision to Celery's read; that read lost its
+    connection, and ``ensure`` tries the write again: the repeat checks in its script too."""
+    import redis
+
+    task_id = uuid.uuid4().hex
+    key = _result_ride.meta_key(backend, task_id)
+    _result_ride.peek(key, None)
+    deep: Any = []
+    for _ in range(1_200):  # deeper than Lua's JSON reads: the script answers -1
+        deep = [deep]
+    old_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(10_000)
+    backend.client.set(key, json.dumps({"result": deep, "status": states.STARTED}))
+    _result_ride.arm_peek()
+    real_get, gets = _result_ride._ORIGINAL_GET[0], []
+
+    def cut_once(self: Any, k: Any) -> Any:
+        gets.append(k)
+        if len(gets) == 1:
+            raise redis.ConnectionError("connection lost")
+        return real_get(self, k)
+
+    real, tries = _result_ride.redis_wire.transaction, []
+
+    def noted(client: Any, commands: Any) -> Any:
+        tries.append([command[0] for command in commands])
+        return real(client, commands)
+
+    monkeypatch.setattr(_result_ride, "_ORIGINAL_GET", [cut_once])
+    monkeypatch.setattr(_result_ride.redis_wire, "transaction", noted)
+    try:
+        backend.store_result(task_id, ValueError("again"), states.RETRY)
+        assert tries == [["EVAL"], ["EVAL"]], "the repeat went unguarded"
+        assert backend.get_task_meta(task_id)["status"] == states.RETRY
+    finally:
+        monkeypatch.undo()
+        sys.setrecursionlimit(old_limit)
+
+
 def test_a_rider_redis_refuses_beside_a_guarded_write_is_saved_alone(
         backend: Any) -> None:
     task_id, saved = uuid.uuid4().hex, []
@@ -279,7 +323,7 @@ def test_a_rider_redis_refuses_beside_a_guarded_write_is_saved_alone(
     assert _result_ride.attach(backend, task_id, ORDERED_SAVE_LUA, keys, args,
                                lambda: saved.append("alone"))
     _result_ride.peek(key, None)
-    _result_ride.arm_peek(guarded=True)
+    _result_ride.arm_peek()
     backend.store_result(task_id, ValueError("again"), states.RETRY)  # raises nothing
     assert backend.get_task_meta(task_id)["status"] == states.RETRY
     _result_ride.finish()
@@ -293,7 +337,7 @@ def _guarded_retry_reads(backend: Any, monkeypatch: pytest.MonkeyPatch) -> list[
     key = _result_ride.meta_key(backend, task_id)
     assert key is not None
     _result_ride.peek(key, None)
-    _result_ride.arm_peek(guarded=True)
+    _result_ride.arm_peek()
     reads = _reads(monkeypatch)
     try:
         backend.store_result(task_id, ValueError("again"), states.RETRY)
