@@ -87,8 +87,8 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
             arm_peek()  # Celery's read before it stores SUCCESS: answered from admission
         return result
     finally:
-        # The outcome is stored: the next delivery (a requeue after a failed hand-off,
-        # say) need not wait for the lease to lapse. Usually the last save released it.
+        # The next delivery (a requeue after a failed hand-off, say) need not wait for the
+        # lease to lapse. Usually the last save gives it up, with Celery's result write.
         run.release_lease()
 
 
@@ -215,7 +215,7 @@ class Delivery(AttemptSeat):
             raise
         if riding:  # a push that went without it: ``schedule_retry``'s last save marks it
             publish_ride.finish()
-        arm_peek(guarded=True)  # RETRY is stored unless a SUCCESS is, checked in one script
+        arm_peek()  # RETRY is stored unless a SUCCESS is, checked in one script
 
     def end(self, record: JobRecord, decision: Decision) -> None:
         """Store the terminal record (with the lease's release), report, and keep what

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any, NoReturn
 
 from celery.exceptions import Reject
@@ -96,10 +97,9 @@ class AttemptSeat:
         return bool(self.holder) and LEASES.alive(self.holder)
 
     def release_lease(self) -> None:
-        """Stop renewing the lease, and give it up unless the last save already did."""
-        if self.released:
-            LEASES.drop(self.holder)
-        else:
+        """Stop renewing the lease and give it up, unless the last save does (renewals
+        then stop as that save goes out: ``save``)."""
+        if not self.released:
             release(LEASES, self.store, self.claim_key(), self.holder)
 
     def _time_limit(self) -> float | None:
@@ -131,17 +131,19 @@ class AttemptSeat:
         ``last``: the delivery's outcome, which gives up its lease in the same round trip.
         """
         release = (self.claim_key(), self.holder) if last and self.holder else None
-        if release is not None:
-            # Renewals stop first: a beat between the save's release and the end of the
-            # delivery would take the released lease again (renewing creates a missing one).
-            LEASES.drop(self.holder)
+        # Renewals stop just before the save that releases the lease goes out: a beat after
+        # it would take the released lease again (renewing creates a missing one), and
+        # until then a redelivery must find the lease held, not an attempt it takes as lost.
+        stop = partial(LEASES.drop, self.holder) if release is not None else None
         # The outcome rides in the MULTI of Celery's own result write, which follows in
         # this thread before the ack (``_result_ride``; saved alone if that write does not
         # come): no round trip of its own.
         if last and not force and self.store.save_with_result(
-                record, release, lambda: self._save_now(record, force, release)):
+                record, release, lambda: self._save_now(record, force, release), stop):
             self.released = release is not None
             return
+        if stop is not None:
+            stop()
         self._save_now(record, force, release)
 
     def _save_now(self, record: JobRecord, force: bool,

@@ -117,8 +117,11 @@ class LeaseRenewer:
                     self.drop(holder)
                 elif taken:
                     with self._lock:
-                        if holder in self._renewed:
+                        dropped = holder not in self._renewed
+                        if not dropped:
                             self._renewed[holder] = began
+                    if dropped:  # given up while this renewal was on its way: it may have
+                        _give_up(store, key, holder)  # taken the lease again; give it up
             except Exception:
                 logger.info("Could not renew the lease on attempt %s.", key, exc_info=True)
 
@@ -133,6 +136,10 @@ def release(heartbeat: LeaseRenewer, store: Any, key: str, holder: str) -> None:
     it), so the next delivery need not wait for it to lapse; only the drop for stores
     without ``release_lease``, and a store error is logged (the lease then lapses)."""
     heartbeat.drop(holder)
+    _give_up(store, key, holder)
+
+
+def _give_up(store: Any, key: str, holder: str) -> None:
     method = getattr(store, "release_lease", None)
     if method is None or not holder:
         return

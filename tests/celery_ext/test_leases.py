@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, states
 
 from celery_ext import JobDiscarded
 from celery_ext.records import LEASE_SUFFIX, RecordStore
+from ojs_adapters import JobRecord
 from ojs_adapters.runtime.events import DecisionEvent, add_hook, remove_hook
 from ojs_adapters.runtime.leases import BEAT_SECONDS, LeaseRenewer, lease, release
 from tests.celery_ext.conftest import Env
@@ -92,3 +94,69 @@ def test_the_lease_stays_released_while_hooks_run_after_the_outcome(env: Env) ->
     time.sleep(BEAT_SECONDS * 1.5)
     lease_key = backend.get_key_for_task(f"{result.id}:1", key=LEASE_SUFFIX)
     assert backend.client.get(lease_key) is None
+
+
+def test_a_renewal_on_its_way_when_the_lease_is_given_up_does_not_keep_it(
+        redis_url: str) -> None:
+    """The delivery stops renewals and releases its lease while a beat's renewal is still
+    on its way; the renewal lands after the release and takes the lease again: the beat
+    gives it back, so the next delivery does not wait out a lease nobody holds."""
+    app = Celery("ojs-lease-test", broker="memory://", backend=redis_url, set_as_current=False)
+    store, renewer = RecordStore(app.backend), LeaseRenewer()
+    key = f"ojs-lease-test-{uuid.uuid4().hex}:1"
+    lease_key = app.backend.get_key_for_task(key, key=LEASE_SUFFIX)
+
+    class Late:
+        """The store, with a renewal that lands only after the delivery gave the lease up."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        def lease(self, *args: Any, **kwargs: Any) -> Any:
+            release(renewer, store, key, "copy|a")  # meanwhile: renewals stop, released
+            assert app.backend.client.get(lease_key) is None
+            return store.lease(*args, **kwargs)  # the renewal lands: taken again
+
+    try:
+        assert lease(store, key, "copy|a", 5000)
+        renewer.hold(Late(), key, "copy|a")
+        renewer.beat()
+        assert app.backend.client.get(lease_key) is None
+        assert not renewer.alive("copy|a")
+    finally:
+        release(BEAT, store, key, "copy|a")
+
+
+def test_the_last_save_keeps_the_lease_renewed_until_the_result_write(
+        redis_url: str) -> None:
+    """The outcome rides in Celery's result write, after the link callbacks and the like:
+    until it is stored the lease stays renewed (a redelivery meanwhile waits for it instead
+    of taking a finished attempt as lost), and renewals stop as that write goes."""
+    from celery_ext import _result_ride
+    from celery_ext._seat import LEASES, AttemptSeat
+
+    app = Celery("ojs-lease-test", broker="memory://", backend=redis_url, set_as_current=False)
+
+    @app.task(bind=True, shared=False)
+    def job(self: Any) -> None: ...
+
+    task_id = uuid.uuid4().hex
+    job.push_request(id=task_id, headers={}, delivery_info={})
+    try:
+        seat = AttemptSeat(job)
+        assert lease(seat.store, seat.claim_key(), seat.token(), 5000)
+        seat.hold_lease()
+        seat.save(JobRecord(task_id, job.name, "q", 3).started(1).completed(), last=True)
+        seat.release_lease()  # the end of run_attempt: the write has not come yet
+        assert LEASES.alive(seat.holder), "renewals stopped before the outcome was stored"
+        app.backend.store_result(task_id, None, states.SUCCESS)  # the ride goes with it
+        assert not LEASES.alive(seat.holder)
+        lease_key = app.backend.get_key_for_task(seat.claim_key(), key=LEASE_SUFFIX)
+        assert app.backend.client.get(lease_key) is None  # released in that transaction
+        record = seat.store.load(task_id)
+        assert record is not None and record.state == "completed"
+    finally:
+        _result_ride.finish()
+        job.pop_request()
+        app.backend.client.delete(app.backend.get_key_for_task(task_id),
+                                  app.backend.get_key_for_task(task_id, key=".ojs"))
