@@ -107,11 +107,7 @@ class GroupCommit:
     def _hand_on(self) -> None:
         """Wake the first queued call to lead the next flush, or go idle."""
         with self._lock:
-            if self._queue:
-                self._queue[0].lead = True
-                self._queue[0].wake()
-            else:
-                self._busy = False
+            self._pass_lead()
 
     def _leave(self, call: _Call) -> None:
         """Take ``call`` out of the queue (its thread is leaving) and, if it was woken to
@@ -119,14 +115,17 @@ class GroupCommit:
         with self._lock:
             if call in self._queue:
                 self._queue.remove(call)
-            if not call.lead:
-                return
-            call.lead = False
-            if self._queue:
-                self._queue[0].lead = True
-                self._queue[0].wake()
-            else:
-                self._busy = False
+            if call.lead:
+                call.lead = False
+                self._pass_lead()
+
+    def _pass_lead(self) -> None:
+        """``_hand_on`` with the lock held."""
+        if self._queue:
+            self._queue[0].lead = True
+            self._queue[0].wake()
+        else:
+            self._busy = False
 
     def _lead(self, mine: _Call) -> None:
         batch: list[_Call] = []
