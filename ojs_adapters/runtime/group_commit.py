@@ -35,19 +35,20 @@ _UNSENT: Any = object()
 class _Call:
     """One queued script call and, once flushed, its reply or error."""
 
-    __slots__ = ("args", "client", "done", "error", "gate", "keys", "lead", "lua", "reply")
+    __slots__ = ("args", "client", "done", "error", "gate", "keys", "lua", "reply")
 
     def __init__(self, client: Any, lua: str, keys: Sequence[Any], args: Sequence[Any]) -> None:
         self.client, self.lua, self.keys, self.args = client, lua, keys, args
         self.reply: Any = _UNSENT
         self.error: BaseException | None = None
         self.done = False
-        self.lead = False  # woken to lead the next flush (set under the queue's lock)
         self.gate = threading.Lock()  # held until this call is done, or its thread leads
         self.gate.acquire()
 
     def wake(self) -> None:
-        self.gate.release()
+        """Let the caller go on (again: no effect)."""
+        with contextlib.suppress(RuntimeError):  # woken already
+            self.gate.release()
 
     def outcome(self) -> Any:
         if self.error is not None:
@@ -66,7 +67,8 @@ class GroupCommit:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._queue: list[_Call] = []
-        self._busy = False  # a thread is on the wire (it will hand the lead on)
+        #: Who leads (on the wire, or woken to lead the next flush); ``None``: idle.
+        self._baton: Any = None
         self._line = redis_wire.Line()  # the connection of whoever is on the wire
 
     def run(self, client: Any, lua: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
@@ -75,15 +77,16 @@ class GroupCommit:
         An exception raised into this thread from outside (Dramatiq's ``TimeLimit``, a
         shutdown) never leaves the group without a leader or a flush half done: the lead
         is handed on, and the other callers of a flush it cut short retry theirs."""
-        leading, call = False, None
+        alone: Any = None  # this caller's baton when it goes out alone
+        call = None
         try:
             with self._lock:
-                if not self._busy:
-                    self._busy = leading = True
+                if self._baton is None:
+                    self._baton = alone = object()
                 else:
                     call = _Call(client, lua, keys, args)
                     self._queue.append(call)
-            if leading:  # nothing in flight: straight out, as without group commit
+            if alone is not None:  # nothing in flight: straight out, as without group commit
                 pool = redis_wire.pool_of(client)
                 if pool is None:
                     return _evalsha(client, lua, keys, args)
@@ -98,42 +101,56 @@ class GroupCommit:
             return call.outcome()
         except BaseException:
             if call is not None and not call.done:
-                self._leave(call)
+                # The lead must not stay with a caller that left: each step that hands it on
+                # runs again until it ends, though an exception is raised into this thread
+                # meanwhile (and goes on up after). Written out here, not in a helper: an
+                # exception can land as any function starts, before its ``try``.
+                raised: BaseException | None = None
+                while True:
+                    try:
+                        self._leave(call)
+                        break
+                    except BaseException as error:
+                        raised = raised or error
+                if raised is not None:
+                    raise raised from None
             raise
         finally:
-            if leading:
-                self._hand_on()
+            if alone is not None:
+                raised = None
+                while True:
+                    try:
+                        self._hand_on(alone)
+                        break
+                    except BaseException as error:
+                        raised = raised or error
+                if raised is not None:
+                    raise raised from None
 
-    def _hand_on(self) -> None:
-        """Wake the first queued call to lead the next flush, or go idle."""
+    def _hand_on(self, holder: Any) -> None:
+        """``holder`` is done leading: wake the first queued call to lead the next flush, or
+        go idle. Again, after the lead moved on: it only wakes the leader again."""
         with self._lock:
-            self._pass_lead()
+            if self._baton is holder:
+                if self._queue:
+                    self._baton = self._queue[0]
+                else:
+                    self._baton = None
+            if isinstance(self._baton, _Call):
+                self._baton.wake()
 
     def _leave(self, call: _Call) -> None:
         """Take ``call`` out of the queue (its thread is leaving) and, if it was woken to
-        lead, wake the next call to lead instead (or go idle)."""
+        lead, hand the lead on as it would have."""
         with self._lock:
             if call in self._queue:
                 self._queue.remove(call)
-            if call.lead:
-                call.lead = False
-                self._pass_lead()
-
-    def _pass_lead(self) -> None:
-        """``_hand_on`` with the lock held."""
-        if self._queue:
-            self._queue[0].lead = True
-            self._queue[0].wake()
-        else:
-            self._busy = False
+        self._hand_on(call)
 
     def _lead(self, mine: _Call) -> None:
         batch: list[_Call] = []
-        try:
-            with self._lock:
-                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-            self._flush(batch)
-        finally:
+
+        def settle() -> None:  # every call of the batch answered and woken, the lead on
             for call in batch:
                 if call.reply is _UNSENT and call.error is None:
                     # The flush was cut short by an exception raised into this thread (it
@@ -141,8 +158,22 @@ class GroupCommit:
                     call.error = ConnectionError("the flush carrying this call was cut short")
                 call.done = True
                 call.wake()
-            mine.lead = False
-            self._hand_on()
+            self._hand_on(mine)
+
+        try:
+            with self._lock:
+                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+            self._flush(batch)
+        finally:
+            raised: BaseException | None = None
+            while True:  # to its end, as the hand-on in ``run``
+                try:
+                    settle()
+                    break
+                except BaseException as error:
+                    raised = raised or error
+            if raised is not None:
+                raise raised from None
 
     def _flush(self, batch: list[_Call]) -> None:
         client = batch[0].client

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ctypes
+import random
 import threading
 import time
 import uuid
 from typing import Any
 
-from ojs_adapters.runtime.group_commit import group_of, run_script
+import pytest
+
+from ojs_adapters.runtime.group_commit import GroupCommit, group_of, run_script
 
 #: Appends ARGV[1] to the list KEYS[1] and returns the list's new length.
 _PUSH = "return redis.call('RPUSH', KEYS[1], ARGV[1])"
@@ -121,7 +124,7 @@ def test_threads_hammering_one_key_lose_no_call(client: Any, key: str) -> None:
     for thread in threads:
         thread.join(30)
     assert client.llen(key) == 1200
-    assert not group_of(client)._busy and not group_of(client)._queue
+    assert group_of(client)._baton is None and not group_of(client)._queue
 
 
 class _Interrupt(BaseException):
@@ -163,7 +166,7 @@ def test_a_caller_interrupted_in_the_queue_hands_the_lead_on(client: Any, key: s
     after.start()
     after.join(10)
     assert outcomes["after"] == 2  # the group has a leader again: nothing hangs
-    assert not group_of(gated)._busy and not group_of(gated)._queue
+    assert group_of(gated)._baton is None and not group_of(gated)._queue
 
 
 def test_a_leader_interrupted_mid_flush_leaves_the_others_a_connection_error(
@@ -203,5 +206,87 @@ def test_a_leader_interrupted_mid_flush_leaves_the_others_a_connection_error(
         thread.join(10)
     assert isinstance(outcomes["leader"], _Interrupt)  # raised in its own thread only
     assert isinstance(outcomes["other"], ConnectionError)  # retried by its caller
-    assert not group_of(gated)._busy and not group_of(gated)._queue
+    assert group_of(gated)._baton is None and not group_of(gated)._queue
     assert run_script(gated, _PUSH, [key], ["after"]) == 2  # only "alone" had pushed
+
+
+def test_an_interrupt_in_the_hand_on_still_hands_the_lead_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception raised into the thread just as it hands the lead on: the hand-on is
+    done anyway (then the exception goes on up), or every later caller would wait."""
+    group = GroupCommit()
+    real, raised = GroupCommit._hand_on, []
+
+    def cut_once(self: GroupCommit, holder: Any) -> None:
+        if not raised:
+            raised.append(True)
+            raise _Interrupt
+        real(self, holder)
+
+    monkeypatch.setattr(GroupCommit, "_hand_on", cut_once)
+    with pytest.raises(_Interrupt):
+        group.run(_Quick(), "return 1", [], [])
+    assert group._baton is None  # idle: the next caller goes straight out
+    assert group.run(_Quick(), "return 1", [], []) == "ok"
+
+
+class _Quick:
+    """A client without redis-py's pool (``evalsha`` path) that answers at once."""
+
+    def evalsha(self, *_args: Any) -> str:
+        return "ok"
+
+    def script_load(self, lua: str) -> None: ...
+
+    def pipeline(self, transaction: bool = True) -> Any:
+        calls: list[Any] = []
+
+        class _Pipe:
+            def evalsha(self, *args: Any) -> None:
+                calls.append(args)
+
+            def execute(self, raise_on_error: bool = True) -> list[str]:
+                return ["ok"] * len(calls)
+
+        return _Pipe()
+
+
+def test_callers_interrupted_anywhere_leave_the_group_working() -> None:
+    """Six threads share a group while exceptions are raised into them at random points
+    (as ``TimeLimit`` would, far more often): afterwards every thread still gets through."""
+    group, client = GroupCommit(), _Quick()
+    stop, inside = threading.Event(), [False] * 6
+    done, left = [0] * 6, list[int]()
+
+    def caller(n: int) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    inside[n] = True
+                    group.run(client, "return 1", [], [])
+                    inside[n] = False
+                    done[n] += 1
+                except (_Interrupt, ConnectionError):
+                    inside[n] = False
+        except BaseException:  # an interrupt that landed outside the call: this test's own
+            left.append(n)
+
+    threads = [threading.Thread(target=caller, args=(n,), daemon=True) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        n = random.randrange(6)
+        if inside[n]:
+            _interrupt(threads[n])
+        time.sleep(random.random() * 0.001)
+    time.sleep(0.05)
+    before = list(done)
+    time.sleep(0.5)
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    assert not any(thread.is_alive() for thread in threads), "a caller waits for ever"
+    running = [n for n in range(6) if n not in left]
+    assert len(running) >= 3 and all(done[n] > before[n] for n in running), \
+        "the group stopped answering"
