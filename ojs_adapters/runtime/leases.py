@@ -78,12 +78,22 @@ class LeaseRenewer:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[Any, str]] = {}  # holder -> (store, attempt key)
         self._renewed: dict[str, float] = {}  # holder -> time.monotonic() of its last take
+        #: Leases a renewal took again after their delivery gave them up (given back at the
+        #: next beat, once the release that crossed it has surely landed).
+        self._late: list[tuple[Any, str, str]] = []
+        self._by_thread: dict[int, str] = {}  # the holder each thread renews, its latest
         self._pid = 0
 
     def hold(self, store: Any, key: str, holder: str) -> None:
         """Renew ``holder``'s lease on ``key`` in ``store`` until ``drop(holder)``; it was
-        just taken."""
+        just taken. A thread works on one delivery at a time: the lease it held before,
+        if nothing dropped it (an exception in the wrong place), is renewed no more."""
         with self._lock:
+            before = self._by_thread.get(threading.get_ident())
+            if before is not None and before != holder:
+                self._held.pop(before, None)
+                self._renewed.pop(before, None)
+            self._by_thread[threading.get_ident()] = holder
             self._held[holder] = (store, key)
             self._renewed[holder] = time.monotonic()
             if self._pid != os.getpid():
@@ -106,7 +116,9 @@ class LeaseRenewer:
     def beat(self) -> None:
         """Renew every held lease once; a store error is logged and tried at the next beat."""
         with self._lock:
-            held = list(self._held.items())
+            held, late, self._late = list(self._held.items()), self._late, []
+        for store, key, holder in late:
+            _give_up(store, key, holder)
         for holder, (store, key) in held:
             try:
                 began = time.monotonic()
@@ -117,11 +129,10 @@ class LeaseRenewer:
                     self.drop(holder)
                 elif taken:
                     with self._lock:
-                        dropped = holder not in self._renewed
-                        if not dropped:
+                        if holder in self._renewed:
                             self._renewed[holder] = began
-                    if dropped:  # given up while this renewal was on its way: it may have
-                        _give_up(store, key, holder)  # taken the lease again; give it up
+                        else:  # given up while this renewal was on its way: it may have
+                            self._late.append((store, key, holder))  # taken it again
             except Exception:
                 logger.info("Could not renew the lease on attempt %s.", key, exc_info=True)
 

@@ -3,6 +3,7 @@ result backend: one holder at a time, renewable by its holder, released only by 
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
@@ -99,8 +100,9 @@ def test_the_lease_stays_released_while_hooks_run_after_the_outcome(env: Env) ->
 def test_a_renewal_on_its_way_when_the_lease_is_given_up_does_not_keep_it(
         redis_url: str) -> None:
     """The delivery stops renewals and releases its lease while a beat's renewal is still
-    on its way; the renewal lands after the release and takes the lease again: the beat
-    gives it back, so the next delivery does not wait out a lease nobody holds."""
+    on its way; the renewal lands after the release and takes the lease again: the next
+    beat gives it back (not at once: the release it crossed may still be on its way), so
+    the next delivery does not wait out a lease nobody holds."""
     app = Celery("ojs-lease-test", broker="memory://", backend=redis_url, set_as_current=False)
     store, renewer = RecordStore(app.backend), LeaseRenewer()
     key = f"ojs-lease-test-{uuid.uuid4().hex}:1"
@@ -121,8 +123,10 @@ def test_a_renewal_on_its_way_when_the_lease_is_given_up_does_not_keep_it(
         assert lease(store, key, "copy|a", 5000)
         renewer.hold(Late(), key, "copy|a")
         renewer.beat()
-        assert app.backend.client.get(lease_key) is None
+        assert app.backend.client.get(lease_key) is not None  # taken again, for now
         assert not renewer.alive("copy|a")
+        renewer.beat()
+        assert app.backend.client.get(lease_key) is None
     finally:
         release(BEAT, store, key, "copy|a")
 
@@ -160,3 +164,25 @@ def test_the_last_save_keeps_the_lease_renewed_until_the_result_write(
         job.pop_request()
         app.backend.client.delete(app.backend.get_key_for_task(task_id),
                                   app.backend.get_key_for_task(task_id, key=".ojs"))
+
+
+def test_a_thread_renews_the_lease_of_its_latest_delivery_only(redis_url: str) -> None:
+    """A lease its delivery never dropped (an exception in the wrong place) is renewed no
+    more once the same thread takes the lease of its next delivery."""
+    app = Celery("ojs-lease-test", broker="memory://", backend=redis_url, set_as_current=False)
+    store, renewer = RecordStore(app.backend), LeaseRenewer()
+    first, second = (f"ojs-lease-test-{uuid.uuid4().hex}:1" for _ in range(2))
+    try:
+        assert lease(store, first, "copy|a", 5000) and lease(store, second, "copy|b", 5000)
+        renewer.hold(store, first, "copy|a")
+        renewer.hold(store, second, "copy|b")
+        assert not renewer.alive("copy|a") and renewer.alive("copy|b")
+        other: list[bool] = []
+        worker = threading.Thread(target=lambda: (renewer.hold(store, first, "copy|a"),
+                                                  other.append(renewer.alive("copy|b"))))
+        worker.start()
+        worker.join()
+        assert other == [True]  # another thread's delivery is its own
+    finally:
+        release(BEAT, store, first, "copy|a")
+        release(BEAT, store, second, "copy|b")
