@@ -67,22 +67,22 @@ return 1
 
 class Rider:
     """A record save waiting for the result write of ``key``; ``save`` is the way alone;
-    ``before`` runs once, just before the save goes out either way."""
+    ``after`` runs once, when the save is done either way."""
 
-    __slots__ = ("args", "armed", "before", "key", "keys", "lua", "save", "written")
+    __slots__ = ("after", "args", "armed", "key", "keys", "lua", "save", "written")
 
     def __init__(self, key: bytes | str, lua: str, keys: Sequence[Any], args: Sequence[Any],
-                 save: Callable[[], None], before: Callable[[], None] | None) -> None:
+                 save: Callable[[], None], after: Callable[[], None] | None) -> None:
         self.key, self.lua, self.keys, self.args, self.save = key, lua, keys, args, save
-        self.before = before
+        self.after = after
         self.armed = True  # the next result write of ``key`` in this thread carries it
         self.written = False
 
-    def going(self) -> None:
-        """The save goes out now: ``before`` runs (once)."""
-        before, self.before = self.before, None
-        if before is not None:
-            before()
+    def gone(self) -> None:
+        """The save is done (or given up): ``after`` runs (once)."""
+        after, self.after = self.after, None
+        if after is not None:
+            after()
 
 
 class Peek:
@@ -119,12 +119,12 @@ def arm_peek() -> None:
 
 
 def attach(backend: Any, task_id: str, lua: str, keys: Sequence[Any], args: Sequence[Any],
-           save: Callable[[], None], before: Callable[[], None] | None = None) -> bool:
-    """Let the save ride on ``task_id``'s next result write (``before`` runs just before it
-    goes, with that write or alone); ``False``: save it now."""
+           save: Callable[[], None], after: Callable[[], None] | None = None) -> bool:
+    """Let the save ride on ``task_id``'s next result write (``after`` runs once it is
+    done, with that write or alone); ``False``: save it now."""
     if not _install(backend):
         return False
-    _LOCAL.rider = Rider(backend.get_key_for_task(task_id), lua, keys, args, save, before)
+    _LOCAL.rider = Rider(backend.get_key_for_task(task_id), lua, keys, args, save, after)
     return True
 
 
@@ -135,8 +135,10 @@ def finish() -> None:
     _LOCAL.peek = None
     _LOCAL.guard = None
     if rider is not None and not rider.written:
-        rider.going()
-        rider.save()
+        try:
+            rider.save()
+        finally:
+            rider.gone()
 
 
 def _after_trace(**_: Any) -> None:
@@ -204,7 +206,6 @@ def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
         return
     if rider is not None:
         rider.armed = False  # one try: a write ``ensure`` repeats goes alone (``finish``)
-        rider.going()
     if expires is None:
         expires = self.expires
     seconds = int(expires.total_seconds()) if isinstance(expires, datetime.timedelta) \
@@ -224,6 +225,8 @@ def _set_riding(self: Any, key: Any, value: Any, expires: Any = None) -> None:
             raise reply
     if rider is not None:
         rider.written = not isinstance(replies[-1], Exception)  # else ``finish`` saves
+        if rider.written:
+            rider.gone()
     if guarded and own[0] == -1:  # a meta Lua cannot read: Celery's read and rule decide
         stored = _ORIGINAL_GET[0](self, key)
         if not stored or self.decode_result(stored)["status"] != "SUCCESS":

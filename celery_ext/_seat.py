@@ -98,7 +98,7 @@ class AttemptSeat:
 
     def release_lease(self) -> None:
         """Stop renewing the lease and give it up, unless the last save does (renewals
-        then stop as that save goes out: ``save``)."""
+        then stop once that save is done: ``save``)."""
         if not self.released:
             release(LEASES, self.store, self.claim_key(), self.holder)
 
@@ -131,9 +131,10 @@ class AttemptSeat:
         ``last``: the delivery's outcome, which gives up its lease in the same round trip.
         """
         release = (self.claim_key(), self.holder) if last and self.holder else None
-        # Renewals stop just before the save that releases the lease goes out: a beat after
-        # it would take the released lease again (renewing creates a missing one), and
-        # until then a redelivery must find the lease held, not an attempt it takes as lost.
+        # Renewals stop once the save that releases the lease is done: until then a
+        # redelivery must find the lease held, not an attempt it would take as lost. A
+        # renewal that crosses the release takes the lease again for a moment; the renewer
+        # gives it back at its next beat (``LeaseRenewer.beat``).
         stop = partial(LEASES.drop, self.holder) if release is not None else None
         # The outcome rides in the MULTI of Celery's own result write, which follows in
         # this thread before the ack (``_result_ride``; saved alone if that write does not
@@ -142,9 +143,11 @@ class AttemptSeat:
                 record, release, lambda: self._save_now(record, force, release), stop):
             self.released = release is not None
             return
-        if stop is not None:
-            stop()
-        self._save_now(record, force, release)
+        try:
+            self._save_now(record, force, release)
+        finally:
+            if stop is not None:
+                stop()
 
     def _save_now(self, record: JobRecord, force: bool,
                   release: tuple[str, str] | None) -> None:

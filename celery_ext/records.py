@@ -143,16 +143,16 @@ class RecordStore:
 
     def save_with_result(self, record: JobRecord, release: tuple[str, str] | None,
                          save: Callable[[], None],
-                         before: Callable[[], None] | None = None) -> bool:
+                         after: Callable[[], None] | None = None) -> bool:
         """Let this save ride in the transaction of Celery's next result write of the
         task (``_result_ride``); ``save`` is how to do it alone if that write does not
-        come; ``before`` runs just before it goes. ``False``: it cannot ride here (not the
+        come; ``after`` runs once it is done. ``False``: it cannot ride here (not the
         Redis backend): save it now."""
         if not self.leases:
             return False
         key = self.key(record.id, RECORD_SUFFIX)
         keys, args = self._save_call(key, record, release)
-        return attach(self.backend, record.id, ORDERED_SAVE_LUA, keys, args, save, before)
+        return attach(self.backend, record.id, ORDERED_SAVE_LUA, keys, args, save, after)
 
     def save_with_publish(self, app: Any, record: JobRecord, queue: str, *,
                           first: bool) -> bool:

@@ -104,7 +104,8 @@ class GroupCommit:
                 # The lead must not stay with a caller that left: each step that hands it on
                 # runs again until it ends, though an exception is raised into this thread
                 # meanwhile (and goes on up after). Written out here, not in a helper: an
-                # exception can land as any function starts, before its ``try``.
+                # exception can land as any function starts, before its ``try``. Not covered:
+                # a second one landing on the loop's jump back (two within microseconds).
                 raised: BaseException | None = None
                 while True:
                     try:

@@ -105,6 +105,8 @@ class LeaseRenewer:
         with self._lock:
             self._held.pop(holder, None)
             self._renewed.pop(holder, None)
+            if self._by_thread.get(threading.get_ident()) == holder:
+                del self._by_thread[threading.get_ident()]
 
     def alive(self, holder: str) -> bool:
         """Whether ``holder`` surely still holds its lease: taken or renewed less than
