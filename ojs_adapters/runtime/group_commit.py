@@ -79,6 +79,7 @@ class GroupCommit:
         is handed on, and the other callers of a flush it cut short retry theirs."""
         alone: Any = None  # this caller's baton when it goes out alone
         call = None
+        leaving = False  # an exception is on its way up: a queued call leaves
         try:
             with self._lock:
                 if self._baton is None:
@@ -100,28 +101,22 @@ class GroupCommit:
                 self._lead(call)
             return call.outcome()
         except BaseException:
-            if call is not None and not call.done:
-                # The lead must not stay with a caller that left: each step that hands it on
-                # runs again until it ends, though an exception is raised into this thread
-                # meanwhile (and goes on up after). Written out here, not in a helper: an
-                # exception can land as any function starts, before its ``try``. Not covered:
-                # a second one landing on the loop's jump back (two within microseconds).
+            leaving = True
+            raise
+        finally:
+            # The lead must not stay with a caller that is done or left: the step that hands
+            # it on runs again until it ends, though an exception is raised into this
+            # thread meanwhile (and goes on up after). Written out here, not in a helper: an
+            # exception can land as any function starts, before its ``try``. Not covered: a
+            # second one landing on the loop's jump back (two within microseconds).
+            if alone is not None or (leaving and call is not None):
                 raised: BaseException | None = None
                 while True:
                     try:
-                        self._leave(call)
-                        break
-                    except BaseException as error:
-                        raised = raised or error
-                if raised is not None:
-                    raise raised from None
-            raise
-        finally:
-            if alone is not None:
-                raised = None
-                while True:
-                    try:
-                        self._hand_on(alone)
+                        if alone is not None:
+                            self._hand_on(alone)
+                        elif call is not None and not call.done:
+                            self._leave(call)
                         break
                     except BaseException as error:
                         raised = raised or error
