@@ -3,10 +3,10 @@
 ``run_attempt`` follows the shared lifecycle (``ojs_adapters.runtime``): ``admit``
 (lease, claim, judge: a repeated delivery never runs twice), the body, ``decide`` on a
 failure, ``carry_out``. A retry is a native ``Task.retry`` with the exact countdown and
-the history in the headers, sent through a confirming connection before the ack
-(``_retry_send``); a dead letter or discard raises ``JobDeadLettered``/``JobDiscarded``,
-on which ``OjsRequest`` publishes the dead letter before the ack. docs/lifecycle.md
-walks through it.
+the history in the headers, sent before the ack (``_retry_send``: a confirming connection
+on AMQP, the app's producer pool elsewhere); a dead letter or discard raises
+``JobDeadLettered``/``JobDiscarded``, on which ``OjsRequest`` publishes the dead letter
+before the ack. docs/lifecycle.md walks through it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitEx
 
 from celery_ext import _publish_ride as publish_ride
 from celery_ext._budgets import budget_of
+from celery_ext._current import RUNNING
 from celery_ext._headers import HEADER, HeaderState, merged
 from celery_ext._inputs import (
     RetryRequested,
@@ -56,6 +57,7 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     run = Delivery(task)
     if run.state.invalid is not None:  # unreadable OJS state: dead-letter it unrun (_headers)
         raise run.fail(run.state.invalid, None)
+    outer, RUNNING.id = getattr(RUNNING, "id", None), task.request.id
     try:
         # Lease, claim, record read and ``active`` write: one round trip as a rule; alone
         # on the attempt from here (ojs_adapters.runtime.admission).
@@ -89,6 +91,7 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     finally:
         # The next delivery (a requeue after a failed hand-off, say) need not wait for the
         # lease to lapse. Usually the last save gives it up, with Celery's result write.
+        RUNNING.id = outer
         run.release_lease()
 
 

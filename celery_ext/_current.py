@@ -6,9 +6,15 @@ the task calls, an unbound task).
 
 from __future__ import annotations
 
+import threading
+
 from celery import current_task
 
 from ojs_adapters import JobContext
+
+#: ``RUNNING.id``: the task id whose delivery this thread runs (``run_attempt``); a call of
+#: the task from its own body is then a plain call, as Celery makes it, not a delivery.
+RUNNING = threading.local()
 
 
 def current_job() -> JobContext | None:

@@ -1,4 +1,5 @@
-"""A retry sent the native way (``Task.retry``), through a connection that confirms it.
+"""A retry sent the native way (``Task.retry``): through a connection that confirms it on
+AMQP, through the app's producer pool elsewhere (as a native retry; nothing to confirm).
 
 Each try gets a fresh ``ojs-token`` header, so two tries that both land are told apart
 by their claims; a long countdown is parked on the broker (``_parking``, RET-11).

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, TypedDict
 from celery import Task
 
 from celery_ext._attempt import CONTEXT_ATTRIBUTE, RetryRequested, job_context, run_attempt
+from celery_ext._current import RUNNING
 from celery_ext._eager import run_eager
 from celery_ext._eager_warnings import warn_eager_once, warn_not_eager_once
 from celery_ext._headers import HEADER, HeaderState
@@ -187,7 +188,8 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
-        if request.called_directly or self.native:
+        # Called from its own body (a recursive task): a plain call, as in Celery.
+        if request.called_directly or self.native or getattr(RUNNING, "id", None) == request.id:
             return super().__call__(*args, **kwargs)
         if request.is_eager:
             if instant_retries_active():  # a test's instant_retries(): the policy, no waits

@@ -101,6 +101,9 @@ def perform(task: Any, step: str) -> str:
         return "slept"
     if step.startswith("raise:"):
         raise _failure(step.split(":", 1)[1])
+    if step.startswith("recurse:"):  # the task calls itself from its body, n levels deep
+        depth = int(step.split(":", 1)[1])
+        return str(task(["ok"] if depth <= 1 else [f"recurse:{depth - 1}"]))
     raise AssertionError(f"unknown step {step!r}")
 
 

@@ -136,3 +136,16 @@ def test_max_duration_extension_counts_from_the_first_attempt(env: Env) -> None:
         result.get(**GET)
     assert info.value.record.attempt == 2  # retry 1 at 0.3 s fits, retry 2 at 0.6 s does not
     assert [r.attempt for r in RUNS[result.id]] == [1, 2]
+
+
+def test_a_task_that_calls_itself_runs_once_as_a_plain_call(env: Env) -> None:
+    """A recursive task calls itself from its body: Celery makes that a plain function
+    call, and so does OjsTask (not a second delivery of the same attempt, which would wait
+    for the attempt's own lease and be requeued for ever)."""
+    result = env.tasks["scripted"].apply_async((["recurse:3"],), queue=env.take_queue())
+    assert result.get(**GET) == "ok"
+    # The delivery and its three nested calls, once each (a nested call carries a copy of
+    # its caller's request, as Celery makes it), and no second delivery.
+    assert len(RUNS[result.id]) == 4
+    record = get_job_record(result.id, app=env.app)
+    assert record is not None and (record.state, record.attempt) == ("completed", 1)
