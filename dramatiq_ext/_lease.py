@@ -127,15 +127,13 @@ def time_limit_held(broker: Broker, message: MessageProxy, started: float) -> It
     to what is left of the limit since ``started`` (``time.monotonic()``): the wait counts,
     as a Celery limit counts from the start of the delivery, but never ends the attempt
     (the wait ends first: ``admission.wait_limit``)."""
-    limits = _time_limits(broker)
-    for limit in limits:
-        limit.after_process_message(broker, message)  # type: ignore[no-untyped-call]
+    time_limit_over(broker, message)
     try:
         yield
     finally:
         actor = broker.get_actor(message.actor_name)
         spent = (time.monotonic() - started) * 1000
-        for limit in limits:
+        for limit in _time_limits(broker):
             total = message.options.get("time_limit") or actor.options.get(
                 "time_limit", limit.time_limit)
             left = max(1, int(float(total) - spent))

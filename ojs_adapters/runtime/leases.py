@@ -91,8 +91,7 @@ class LeaseRenewer:
         with self._lock:
             before = self._by_thread.get(threading.get_ident())
             if before is not None and before != holder:
-                self._held.pop(before, None)
-                self._renewed.pop(before, None)
+                self._forget(before)
             self._by_thread[threading.get_ident()] = holder
             self._held[holder] = (store, key)
             self._renewed[holder] = time.monotonic()
@@ -103,10 +102,14 @@ class LeaseRenewer:
     def drop(self, holder: str) -> None:
         """Stop renewing ``holder``'s lease: it lapses after ``LEASE_SECONDS``."""
         with self._lock:
-            self._held.pop(holder, None)
-            self._renewed.pop(holder, None)
+            self._forget(holder)
             if self._by_thread.get(threading.get_ident()) == holder:
                 del self._by_thread[threading.get_ident()]
+
+    def _forget(self, holder: str) -> None:
+        """Renew ``holder``'s lease no more (the lock held)."""
+        self._held.pop(holder, None)
+        self._renewed.pop(holder, None)
 
     def alive(self, holder: str) -> bool:
         """Whether ``holder`` surely still holds its lease: taken or renewed less than
