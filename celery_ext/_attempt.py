@@ -20,8 +20,8 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitEx
 
 from celery_ext import _publish_ride as publish_ride
 from celery_ext._budgets import budget_of
-from celery_ext._current import RUNNING
-from celery_ext._headers import HEADER, HeaderState, merged
+from celery_ext._current import CONTEXT_ATTRIBUTE, RUNNING
+from celery_ext._headers import HEADER, merged
 from celery_ext._inputs import (
     RetryRequested,
     epoch,
@@ -33,6 +33,7 @@ from celery_ext._inputs import (
     terminal_error,
 )
 from celery_ext._parking import wants_park
+from celery_ext._replace import SEAT_ATTRIBUTE, replaced_info
 from celery_ext._result_ride import arm_peek
 from celery_ext._retry_send import send_retry
 from celery_ext._routing import dead_letter_queue_for, queue_of
@@ -46,11 +47,7 @@ from ojs_adapters.runtime.delivery import Unpublished, carry_out, redecided
 from ojs_adapters.runtime.events import DecisionEvent, emit
 from ojs_adapters.runtime.handoff import error_headers, handed_off
 
-__all__ = ["CONTEXT_ATTRIBUTE", "RetryRequested", "job_context", "run_attempt"]
-
-#: Attribute of the task request holding the running attempt's ``JobContext``.
-CONTEXT_ATTRIBUTE = "ojs_context"
-
+__all__ = ["RetryRequested", "run_attempt"]
 
 def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run one delivery of ``task`` in the worker and act on how it ends."""
@@ -69,10 +66,10 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
         run.start()
         try:
             result = task.run(*args, **kwargs)
-        except (Ignore, Reject):
-            # Celery control flow the handler chose, not an OJS failure: undo "active", so
-            # a requeued delivery starts this attempt afresh instead of counting as a crash.
-            run.restore(previous.stored())
+        except (Ignore, Reject) as raised:
+            # Celery control flow the handler chose, not an OJS failure: a requeued delivery
+            # starts the attempt afresh instead of counting as a crash; an ended job says so.
+            run.handler_ended(raised, run.fresh, previous.stored)
             raise
         # What ends a failed attempt (Celery's ``Retry``, or ``JobDeadLettered`` with its
         # cause) is raised here, so the traceback Celery formats for it holds no frames of
@@ -118,7 +115,8 @@ class Delivery(AttemptSeat):
                    "jitter_samples": list(self.state.jitter_samples),
                    "retry_policy": self.policy.to_dict(),
                    "idempotency_key": self.key,
-                   **replay_info(self.request.headers)},  # a replayed dead letter's count
+                   **replay_info(self.request.headers),  # a replayed dead letter's count
+                   **replaced_info(self.request)},  # and a replacement's (Task.replace)
         )
         self.fresh = self.base.started(self.state.attempt)  # this attempt's ``active`` record
 
@@ -126,6 +124,7 @@ class Delivery(AttemptSeat):
 
     def start(self) -> None:
         """The attempt runs: show its context to the body, count it against its budget."""
+        setattr(self.request, SEAT_ATTRIBUTE, self)  # for a Task.replace (_replace)
         setattr(self.request, CONTEXT_ATTRIBUTE, JobContext(
             job_id=str(self.request.id), attempt=self.state.attempt, idempotency_key=self.key,
             errors=self.state.errors,
@@ -289,11 +288,3 @@ class Delivery(AttemptSeat):
         retry: BaseException = sent.with_traceback(None)
         return retry
 
-
-def job_context(request: Any) -> JobContext:
-    """The ``JobContext`` of a request, read from its headers (outside ``run_attempt``)."""
-    state = HeaderState.from_headers(request.headers)
-    replays = replay_info(request.headers).get("replay_count") or 0
-    return JobContext(job_id=str(request.id), attempt=state.attempt,
-                      idempotency_key=state.idempotency_key or str(request.id),
-                      errors=state.errors, replay_count=int(replays))

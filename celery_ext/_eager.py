@@ -34,8 +34,8 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 
-from celery_ext._attempt import CONTEXT_ATTRIBUTE
 from celery_ext._budgets import budget_of
+from celery_ext._current import CONTEXT_ATTRIBUTE
 from celery_ext._headers import HEADER, HeaderState, merged
 from celery_ext._inputs import (
     RetryRequested,

@@ -23,6 +23,7 @@ from kombu.exceptions import SerializationError, SerializerNotInstalled
 from celery_ext._conf import setting
 from ojs_adapters.runtime.backend_retry import DEFAULT_BACKEND_RETRY, BackendRetry
 from ojs_adapters.runtime.dlq import replay_info
+from ojs_adapters.runtime.handoff import attempt_id
 from ojs_adapters.runtime.tokens import new_token as fresh_token
 
 T = TypeVar("T")
@@ -112,6 +113,28 @@ def replay_round(headers: Any) -> int:
         return int(replay_info(headers).get("replay_count", 0))
     except (TypeError, ValueError):
         return 0
+
+
+def replaced_round(value: Any) -> int:
+    """A message's ``replaced_task_nesting`` (Celery counts ``Task.replace`` with it; 0:
+    never replaced) as a count: the replacement starts a new round of claims too.
+
+    >>> replaced_round(2), replaced_round(None), replaced_round("junk"), replaced_round(-1)
+    (2, 0, 0, 0)
+    """
+    return value if type(value) is int and 0 < value <= 2**31 - 1 else 0
+
+
+def claim_key(job_id: str, attempt: int, *, replays: int, replaced: int) -> str:
+    """What a copy claims to run: ``<task id>:<attempt>``, plus the round it runs in.
+
+    >>> claim_key("j", 2, replays=0, replaced=0), claim_key("j", 1, replays=1, replaced=2)
+    ('j:2', 'j:1/replay1/replaced2')
+    """
+    key = attempt_id(job_id, attempt)
+    if replays:
+        key += f"/replay{replays}"
+    return f"{key}/replaced{replaced}" if replaced else key
 
 
 #: kombu errors that no broker causes, though ``backend_retry`` reads ``KombuError`` so.

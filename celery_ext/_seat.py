@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from functools import partial
 from typing import Any, NoReturn
 
 from celery.exceptions import Reject
 
-from celery_ext._handoff import TOKEN_HEADER, new_token, replay_round, with_retry
+from celery_ext._handoff import (
+    TOKEN_HEADER,
+    claim_key,
+    new_token,
+    replaced_round,
+    replay_round,
+    with_retry,
+)
 from celery_ext._headers import HeaderState
 from celery_ext._result_ride import meta_key, peek
 from celery_ext.records import RecordStore
@@ -23,10 +32,20 @@ from ojs_adapters import JobRecord
 from ojs_adapters.runtime.admission import wait_limit
 from ojs_adapters.runtime.backend_retry import count_failure
 from ojs_adapters.runtime.claims import AdmissionReply
-from ojs_adapters.runtime.handoff import Claim, attempt_id
+from ojs_adapters.runtime.handoff import Claim
 from ojs_adapters.runtime.leases import LeaseRenewer, lease, release
 
 logger = logging.getLogger("celery_ext")
+
+
+def ended_by(raised: BaseException) -> str:
+    """The record's ``end_reason`` of a job its handler ended with ``raised``.
+
+    >>> from celery.exceptions import Ignore
+    >>> ended_by(Ignore()), ended_by(Reject("bad", requeue=False))
+    ('ended by the handler (Ignore)', 'ended by the handler (Reject)')
+    """
+    return f"ended by the handler ({type(raised).__name__})"
 
 #: Renews the leases of the Celery deliveries this process runs (a registry; not
 #: ``_heartbeat``, which keeps Redis deliveries reserved).
@@ -47,6 +66,7 @@ class AttemptSeat:
         self.logger = logger
         self.holder = ""  # this delivery's lease holder, once it took the lease
         self.released = False  # given up with the outcome's save (one round trip)
+        self.replaced = False  # the job went on as a ``Task.replace`` replacement (_replace)
         self.started = time.monotonic()
 
     def deadline(self) -> float:
@@ -117,10 +137,10 @@ class AttemptSeat:
         return f"{copy}|{self.nonce}"
 
     def claim_key(self) -> str:
-        """``<task id>:<attempt>``, plus the replay round of a replayed dead letter."""
-        key = attempt_id(self.request.id, self.state.attempt)
-        replays = replay_round(self.request.headers)
-        return f"{key}/replay{replays}" if replays else key
+        """``<task id>:<attempt>``, plus the round: a replayed dead letter, a replacement."""
+        return claim_key(self.request.id, self.state.attempt,
+                         replays=replay_round(self.request.headers),
+                         replaced=replaced_round(self.request.replaced_task_nesting))
 
     # -- the record -----------------------------------------------------------------
 
@@ -160,6 +180,20 @@ class AttemptSeat:
             count_failure("write job record", "failed")
             logger.warning("%s[%s]: cannot store the job record", self.task.name,
                            self.request.id, exc_info=True)
+
+    def handler_ended(self, raised: BaseException, fresh: JobRecord,
+                      before: Callable[[], JobRecord | None]) -> None:
+        """After the handler's own ``Ignore`` or ``Reject``, not OJS failures: a requeued
+        delivery starts the attempt afresh (record and claim as ``before()`` it); a job the
+        handler ended (``Ignore``, ``Reject(requeue=False)``) is discarded, saying so; a
+        replaced one goes on as its replacement (``_replace``)."""
+        if self.replaced:
+            return
+        if isinstance(raised, Reject) and raised.requeue:
+            self.restore(before())
+            return
+        self.save(replace(fresh.started(fresh.attempt), state="discarded", outcome="discarded",
+                          extra={**fresh.extra, "end_reason": ended_by(raised)}))
 
     def restore(self, record: JobRecord | None) -> None:
         """Put back the record and the claim as before this attempt (no record: remove it)."""

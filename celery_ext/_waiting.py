@@ -27,7 +27,13 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from celery_ext._handoff import TOKEN_HEADER, new_token, replay_round
+from celery_ext._handoff import (
+    TOKEN_HEADER,
+    claim_key,
+    new_token,
+    replaced_round,
+    replay_round,
+)
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._parked_index import COPIED_PROPERTIES, index_key, index_parked
 from celery_ext._parking import PARKED_KEY, prefix_of
@@ -35,7 +41,6 @@ from celery_ext.records import CLAIM_SUFFIX, RecordStore
 from ojs_adapters.history import utc_now
 from ojs_adapters.runtime import browse
 from ojs_adapters.runtime.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
-from ojs_adapters.runtime.handoff import attempt_id
 from ojs_adapters.runtime.parked_scan import ParkedSetScan, memory_page
 from ojs_adapters.runtime.stats import StatsReader
 
@@ -166,10 +171,10 @@ class CeleryRetryView(ParkedSetScan):
 
     def _claim_name(self, headers: dict[str, Any]) -> Any:
         """The Redis key of the claim on the attempt these headers run (``_attempt``)."""
-        key = attempt_id(str(headers.get("id")), HeaderState.from_headers(headers).attempt)
-        replays = replay_round(headers)
-        return self.app.backend.get_key_for_task(
-            f"{key}/replay{replays}" if replays else key, key=CLAIM_SUFFIX)
+        key = claim_key(str(headers.get("id")), HeaderState.from_headers(headers).attempt,
+                        replays=replay_round(headers),
+                        replaced=replaced_round(headers.get("replaced_task_nesting")))
+        return self.app.backend.get_key_for_task(key, key=CLAIM_SUFFIX)
 
     def _forget(self, ids: Sequence[str]) -> None:
         if self.stats is not None:  # no longer waiting: off the reported list too

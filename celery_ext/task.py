@@ -18,13 +18,14 @@ from typing import Any, ClassVar, TypedDict
 
 from celery import Task
 
-from celery_ext._attempt import CONTEXT_ATTRIBUTE, RetryRequested, job_context, run_attempt
-from celery_ext._current import RUNNING
+from celery_ext._attempt import RetryRequested, run_attempt
+from celery_ext._current import CONTEXT_ATTRIBUTE, RUNNING, job_context
 from celery_ext._eager import run_eager
 from celery_ext._eager_warnings import warn_eager_once, warn_not_eager_once
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._parking import install as install_parking
 from celery_ext._policy import reject_celery_retry_options, task_policy
+from celery_ext._replace import SEAT_ATTRIBUTE, hand_over
 from celery_ext._retry_send import SENDING
 from celery_ext.exceptions import JobDiscarded
 from ojs_adapters import (
@@ -185,6 +186,14 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
         if isinstance(context, JobContext) and context.job_id == request.id:
             return context
         return job_context(request)
+
+    def on_replace(self, sig: Any) -> Any:
+        """Before Celery sends the replacement: reset the job record for the new round of
+        attempts it starts (``_replace``; a plain or eager call has no rounds)."""
+        seat = getattr(self.request, SEAT_ATTRIBUTE, None)
+        if seat is not None and not self.request.is_eager:
+            hand_over(seat, seat.fresh, sig)
+        return super().on_replace(sig)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request

@@ -3,7 +3,8 @@
 Every app gets the same tasks (``register_tasks``). A task's behaviour per
 attempt comes from a *script* passed as its argument, one step per attempt
 (the last step repeats): ``"ok"``, ``"raise:<kind>"``, ``"retry:<countdown>"``,
-``"reject-once"`` or ``"sleep:<seconds>"``.
+``"reject-once"``, ``"ignore"``, ``"reject"``, ``"sleep:<seconds>"`` or
+``"replace:<step>|<step>"`` (the task replaces itself with a run of that script).
 Each run is recorded in ``RUNS[task_id]`` (in-process workers only).
 
 Broker isolation: each app has a unique Redis ``global_keyprefix`` and unique
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery
-from celery.exceptions import Reject
+from celery.exceptions import Ignore, Reject
 from kombu import Connection
 
 from celery_ext import OjsTask
@@ -101,6 +102,13 @@ def perform(task: Any, step: str) -> str:
         return "slept"
     if step.startswith("raise:"):
         raise _failure(step.split(":", 1)[1])
+    if step == "ignore":  # the handler ends the job, Celery's way: no state stored
+        raise Ignore()
+    if step == "reject":  # the handler drops the message
+        raise Reject("not wanted", requeue=False)
+    if step.startswith("replace:"):  # replace:<step>|<step>...: Task.replace, same queue
+        queue = (task.request.delivery_info or {}).get("routing_key")
+        raise task.replace(task.si(step[8:].split("|")).set(queue=queue))
     if step.startswith("recurse:"):  # the task calls itself from its body, n levels deep
         depth = int(step.split(":", 1)[1])
         return str(task(["ok"] if depth <= 1 else [f"recurse:{depth - 1}"]))

@@ -149,3 +149,47 @@ def test_a_task_that_calls_itself_runs_once_as_a_plain_call(env: Env) -> None:
     assert len(RUNS[result.id]) == 4
     record = get_job_record(result.id, app=env.app)
     assert record is not None and (record.state, record.attempt) == ("completed", 1)
+
+
+@pytest.mark.parametrize("script", [
+    ["replace:ok"],
+    ["raise:value", "replace:ok"],
+    ["raise:value", "replace:raise:value|ok"],
+], ids=["first-attempt", "second-attempt", "replacement-retries"])
+def test_a_replaced_task_runs_its_replacement(env: Env, script: list[str]) -> None:
+    """``Task.replace`` sends a new task with the same id (Celery stamps it with
+    ``replaced_task_nesting``): its attempts are a new round, never taken for duplicates
+    of the attempts of the task it replaced, whichever attempt that was on."""
+    result = env.tasks["scripted"].apply_async((script,), queue=env.take_queue())
+    assert result.get(**GET) == "ok"
+    replaced = len(script)  # the replacing run is the script's last attempt
+    tail = 2 if script[-1].endswith("|ok") else 1
+    assert [r.attempt for r in RUNS[result.id]] == [*range(1, replaced + 1),
+                                                    *range(1, tail + 1)]
+    record = get_job_record(result.id, app=env.app)
+    assert record is not None
+    assert (record.state, record.attempt) == ("completed", tail)
+    assert record.extra["replaced_task_nesting"] == 1
+
+
+@pytest.mark.parametrize("step", ["ignore", "reject"])
+def test_a_job_its_handler_ends_is_discarded_saying_so(env: Env, step: str) -> None:
+    """``Ignore`` and ``Reject(requeue=False)`` end the job the Celery way (the message is
+    acked or dropped, no retry): the record says so instead of keeping the earlier
+    attempt's ``retryable``, which no retry will ever follow."""
+    result = env.tasks["scripted"].apply_async((["raise:value", step],),
+                                               queue=env.take_queue())
+    ended = wait_for(lambda: _state(env, result.id) == "discarded", timeout=20)
+    assert ended is not None
+    record = get_job_record(result.id, app=env.app)
+    assert record is not None
+    assert (record.state, record.outcome, record.attempt) == ("discarded", "discarded", 2)
+    assert record.extra["end_reason"] == (
+        f"ended by the handler ({'Ignore' if step == 'ignore' else 'Reject'})")
+    assert [e.attempt for e in record.errors] == [1]
+    assert [r.attempt for r in RUNS[result.id]] == [1, 2]
+
+
+def _state(env: Env, job_id: str) -> str | None:
+    record = get_job_record(job_id, app=env.app)
+    return None if record is None else record.state

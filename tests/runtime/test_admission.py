@@ -51,7 +51,7 @@ def test_a_written_start_runs_and_leaves_the_previous_record_unparsed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``wrote``: the script wrote ``active`` over an earlier attempt's record, so the
     verdict is "run" with no parse; ``stored()`` still gives that record (Celery undoes
-    ``active`` with it on ``Ignore``)."""
+    ``active`` with it on ``Reject(requeue=True)``)."""
     parsed: list[Any] = []
     monkeypatch.setattr(admission, "record_of", lambda raw: parsed.append(raw))
     seat = _Seat(AdmissionReply("new", PREVIOUS.to_json(), True, True))

@@ -1,0 +1,45 @@
+"""``Task.replace`` in a worker: the job goes on as the replacement, in a round of its own.
+
+Celery sends the replacement with the replaced task's id and ``replaced_task_nesting`` one
+higher, so its attempts claim keys of a new round (``_handoff.claim_key``). Before it is
+sent, the job record is reset to attempt 0, still ``active`` (the job goes on), naming the
+replacement: its first attempt is then new to the record, whatever attempt the replaced
+task was on, and the replaced delivery leaves the record as it is (``Ignore`` undoes
+nothing). A reset that cannot be stored fails the attempt: sent without it, the
+replacement would be dropped as a duplicate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from celery_ext._handoff import replaced_round, with_retry
+from celery_ext._seat import AttemptSeat
+from ojs_adapters import JobRecord
+
+#: Record key (in ``JobRecord.extra``): how many ``Task.replace`` the job went through.
+REPLACED = "replaced_task_nesting"
+#: Record key: the name of the task that replaced the job's last task.
+REPLACED_BY = "replaced_by"
+#: Attribute of the task request holding its running delivery (``AttemptSeat``).
+SEAT_ATTRIBUTE = "ojs_seat"
+
+
+def replaced_info(request: Any) -> dict[str, int]:
+    """The record's ``REPLACED`` count for a delivery of ``request`` (none if never)."""
+    nesting = replaced_round(getattr(request, "replaced_task_nesting", 0))
+    return {REPLACED: nesting} if nesting else {}
+
+
+def hand_over(seat: AttemptSeat, record: JobRecord, sig: Any) -> None:
+    """Reset the job record (``record``: the running attempt's) for ``sig``, the replacement
+    of ``seat``'s delivery, before Celery sends it (``OjsTask.on_replace``). Raises
+    ``OjsBackendError`` if the store stays out of reach."""
+    name = getattr(sig, "name", None) or type(sig).__name__
+    nesting = replaced_round(seat.request.replaced_task_nesting) + 1
+    reset = replace(record.started(0), extra={**record.extra, REPLACED: nesting,
+                                              REPLACED_BY: str(name)})
+    with_retry(seat.task.app, lambda: seat.store.save(reset, force=True),
+               operation="write job record")
+    seat.replaced = True
