@@ -14,9 +14,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from celery.canvas import Signature
+
 from celery_ext._handoff import replaced_round, with_retry
+from celery_ext._headers import HEADER, HeaderState
 from celery_ext._seat import AttemptSeat
 from ojs_adapters import JobRecord
+from ojs_adapters.runtime.dlq import REPLAY_HEADER
 
 #: Record key (in ``JobRecord.extra``): how many ``Task.replace`` the job went through.
 REPLACED = "replaced_task_nesting"
@@ -43,3 +47,17 @@ def hand_over(seat: AttemptSeat, record: JobRecord, sig: Any) -> None:
     with_retry(seat.task.app, lambda: seat.store.save(reset, force=True),
                operation="write job record")
     seat.replaced = True
+    if type(sig) is Signature:  # one task: the job goes on in it (not a chain's first)
+        _carry_on(seat, sig)
+
+
+def _carry_on(seat: AttemptSeat, sig: Signature) -> None:
+    """The job's history, idempotency key and replay round, in the replacement's headers
+    (its own are kept; ``OjsTask.apply_async`` keeps an ``ojs`` header it is given)."""
+    request_headers = seat.request.headers or {}
+    state = HeaderState(errors=seat.state.errors,
+                        idempotency_key=seat.state.idempotency_key or str(seat.request.id))
+    carried = {HEADER: state.encode()}
+    if REPLAY_HEADER in request_headers:
+        carried[REPLAY_HEADER] = request_headers[REPLAY_HEADER]
+    sig.set(headers={**carried, **(sig.options.get("headers") or {})})

@@ -160,7 +160,8 @@ def test_a_replaced_task_runs_its_replacement(env: Env, script: list[str]) -> No
     """``Task.replace`` sends a new task with the same id (Celery stamps it with
     ``replaced_task_nesting``): its attempts are a new round, never taken for duplicates
     of the attempts of the task it replaced, whichever attempt that was on."""
-    result = env.tasks["scripted"].apply_async((script,), queue=env.take_queue())
+    result = env.tasks["scripted"].apply_async((script,), queue=env.take_queue(),
+                                               idempotency_key="order-7")
     assert result.get(**GET) == "ok"
     replaced = len(script)  # the replacing run is the script's last attempt
     tail = 2 if script[-1].endswith("|ok") else 1
@@ -170,6 +171,9 @@ def test_a_replaced_task_runs_its_replacement(env: Env, script: list[str]) -> No
     assert record is not None
     assert (record.state, record.attempt) == ("completed", tail)
     assert record.extra["replaced_task_nesting"] == 1
+    # The job's history and key go on in the replacement (its attempts count afresh).
+    assert [e.attempt for e in record.errors] == [*range(1, replaced), *range(1, tail)]
+    assert record.extra["idempotency_key"] == "order-7"
 
 
 @pytest.mark.parametrize("step", ["ignore", "reject"])
