@@ -94,7 +94,9 @@ def _proxy_for(kind: str) -> Proxy:
     return Proxy("127.0.0.1", 6379 if kind == "redis" else 5672)
 
 
-def _until(probe: Callable[[], Any], *, timeout: float) -> Any:
+def _until(probe: Callable[[], Any], *, timeout: float,
+           explain: Callable[[], str] = str) -> Any:
+    """``probe()`` once it is truthy; past ``timeout``, fail saying ``explain()``."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -104,7 +106,7 @@ def _until(probe: Callable[[], Any], *, timeout: float) -> Any:
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {timeout}s")
+            raise AssertionError(f"not reached within {timeout}s {explain()}")
         time.sleep(0.1)
 
 
@@ -126,7 +128,7 @@ def test_issue11_cut_during_retry_and_dead_letter_publish_loses_nothing(
             timeout=120, check=False)
         print("\n".join(line for line in child.stdout.splitlines()
                         if line.startswith("celery ") or "passed" in line or "failed" in line))
-        assert child.returncode == 0, child.stdout[-4000:]
+        assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-4000:]
         return
     _scenario(kind, monkeypatch)
 
@@ -194,7 +196,14 @@ def _scenario(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
                 return found if all(rec is not None and rec.state in ("completed", "discarded")
                                     for rec in found) else None
 
-            records = _until(ended, timeout=40)
+            def where() -> str:  # what a job that did not end was doing, for a failure
+                found = [(store.load(r.id), RUNS[r.id]) for r in results]
+                return "; ".join(
+                    f"job {i}: {rec and (rec.state, rec.attempt, rec.extra.get('handed_off'))}"
+                    f" runs {[run.attempt for run in runs]}"
+                    for i, (rec, runs) in enumerate(found))
+
+            records = _until(ended, timeout=40, explain=where)
             dead = _until(lambda: drain(app, f"{queue}.dead_letter", expect=JOBS // 2,
                                         timeout=2), timeout=20)
             time.sleep(1.0)  # a duplicate, were there one, would arrive now
