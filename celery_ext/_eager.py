@@ -45,6 +45,7 @@ from celery_ext._inputs import (
     task_jitter_sample,
 )
 from celery_ext._routing import dead_letter_queue_for, queue_of
+from celery_ext._seat import ended_record
 from celery_ext.dlq import replay_info
 from celery_ext.records import RecordStore
 from ojs_adapters import JobContext, JobRecord, RetryPolicy, decide
@@ -97,13 +98,13 @@ class _EagerJob:
         retry was decided (the next attempt is then read in); raises when the job ends."""
         if self.state.invalid is not None:  # unreadable OJS state: dead-lettered unrun
             self.end(self.state.invalid, None)
-        previous = self.store.load(self.request.id) if self.store.enabled else None
         self.save(self.base.started(self.state.attempt))
         self.start()
         try:
             result = self.task.run(*args, **kwargs)
-        except (Ignore, Reject):
-            self.restore(previous)  # Celery control flow the handler chose
+        except (Ignore, Reject) as raised:
+            # Celery control flow the handler chose: the job ends (nothing requeues here).
+            self.save(ended_record(self.base.started(self.state.attempt), raised))
             raise
         except RetryRequested as request:
             self.fail(requested_failure(request), request.exc)
@@ -185,15 +186,4 @@ class _EagerJob:
             self.store.save(record)
         except Exception:
             logger.warning("%s[%s]: cannot store the job record", self.task.name,
-                           self.request.id, exc_info=True)
-
-    def restore(self, record: JobRecord | None) -> None:
-        """Put back the record as it was before this attempt (none: remove it)."""
-        try:
-            if record is not None:
-                self.store.save(record, force=True)
-            else:
-                self.store.delete(self.request.id)
-        except Exception:
-            logger.warning("%s[%s]: cannot restore the job record", self.task.name,
                            self.request.id, exc_info=True)

@@ -14,18 +14,20 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from celery.canvas import Signature
+from celery.canvas import Signature, _chain
 
 from celery_ext._handoff import replaced_round, with_retry
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._seat import AttemptSeat
 from ojs_adapters import JobRecord
 from ojs_adapters.runtime.dlq import REPLAY_HEADER
+from ojs_adapters.runtime.handoff import REPLACED
 
-#: Record key (in ``JobRecord.extra``): how many ``Task.replace`` the job went through.
-REPLACED = "replaced_task_nesting"
 #: Record key: the name of the task that replaced the job's last task.
 REPLACED_BY = "replaced_by"
+#: Record keys of the replay round (``ReplayMark``), dropped when the replacement does not
+#: carry the replay header on.
+REPLAY_KEYS = frozenset({"replay_count", "last_replayed_at"})
 #: Attribute of the task request holding its running delivery (``AttemptSeat``).
 SEAT_ATTRIBUTE = "ojs_seat"
 
@@ -40,15 +42,29 @@ def hand_over(seat: AttemptSeat, record: JobRecord, sig: Any) -> None:
     """Reset the job record (``record``: the running attempt's) for ``sig``, the replacement
     of ``seat``'s delivery, before Celery sends it (``OjsTask.on_replace``). Raises
     ``OjsBackendError`` if the store stays out of reach."""
-    name = getattr(sig, "name", None) or type(sig).__name__
-    nesting = replaced_round(seat.request.replaced_task_nesting) + 1
-    reset = replace(record.started(0), extra={**record.extra, REPLACED: nesting,
-                                              REPLACED_BY: str(name)})
+    raw = seat.request.replaced_task_nesting
+    nesting = replaced_round(raw) + 1
+    if raw != nesting - 1:  # Celery added 1 to a value it cannot count by: count it ours
+        for each in [sig, *(sig.tasks if isinstance(sig, _chain) else ())]:
+            each.set(replaced_task_nesting=nesting)
+    holder = _id_holder(sig, seat.request.id)
+    extra = {**record.extra, REPLACED: nesting,
+             REPLACED_BY: str(getattr(holder or sig, "name", None) or type(sig).__name__)}
+    if holder is None or REPLAY_HEADER not in (seat.request.headers or {}):
+        extra = {k: v for k, v in extra.items() if k not in REPLAY_KEYS}  # not carried on
+    reset = replace(record.started(0), extra=extra)
     with_retry(seat.task.app, lambda: seat.store.save(reset, force=True),
                operation="write job record")
     seat.replaced = True
-    if type(sig) is Signature:  # one task: the job goes on in it (not a chain's first)
-        _carry_on(seat, sig)
+    if holder is not None:
+        _carry_on(seat, holder)
+
+
+def _id_holder(sig: Any, job_id: str) -> Signature | None:
+    """The one task of ``sig`` Celery gives the job's id: ``sig`` itself, a chain's last
+    task; ``None`` where it is no single task (a group's ``celery.accumulate``, ...)."""
+    last = sig.tasks[-1] if isinstance(sig, _chain) and sig.tasks else sig
+    return last if type(last) is Signature and last.id == job_id else None
 
 
 def _carry_on(seat: AttemptSeat, sig: Signature) -> None:

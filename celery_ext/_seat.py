@@ -47,6 +47,13 @@ def ended_by(raised: BaseException) -> str:
     """
     return f"ended by the handler ({type(raised).__name__})"
 
+
+def ended_record(fresh: JobRecord, raised: BaseException) -> JobRecord:
+    """The record of a job whose handler ended it with ``raised`` (``fresh``: the attempt's
+    ``active`` record): discarded, saying why."""
+    return replace(fresh.started(fresh.attempt), state="discarded", outcome="discarded",
+                   extra={**fresh.extra, "end_reason": ended_by(raised)})
+
 #: Renews the leases of the Celery deliveries this process runs (a registry; not
 #: ``_heartbeat``, which keeps Redis deliveries reserved).
 LEASES = LeaseRenewer()
@@ -62,6 +69,8 @@ class AttemptSeat:
         self.store = RecordStore(task.backend)
         self.nonce = new_token()  # this delivery
         self.attempt = self.state.attempt
+        self.rounds = (replaced_round(self.request.replaced_task_nesting),
+                       replay_round(self.request.headers))
         self.label = f"{task.name}[{self.request.id}]"
         self.logger = logger
         self.holder = ""  # this delivery's lease holder, once it took the lease
@@ -80,7 +89,8 @@ class AttemptSeat:
         # stores the outcome, and ``_result_ride.peek`` answers that read (no round trip).
         meta = meta_key(self.task.backend, self.request.id)
         reply: AdmissionReply | None = with_retry(self.task.app, lambda: self.store.begin(
-            self.claim_key(), self.token(), fresh, lease_ms=lease_ms, peek=meta),
+            self.claim_key(), self.token(), fresh, rounds=self.rounds, lease_ms=lease_ms,
+            peek=meta),
             operation="claim attempt")
         if reply is not None and meta is not None and reply.leased:
             peek(meta, reply.peeked)
@@ -138,9 +148,9 @@ class AttemptSeat:
 
     def claim_key(self) -> str:
         """``<task id>:<attempt>``, plus the round: a replayed dead letter, a replacement."""
-        return claim_key(self.request.id, self.state.attempt,
-                         replays=replay_round(self.request.headers),
-                         replaced=replaced_round(self.request.replaced_task_nesting))
+        replaced, replays = self.rounds
+        return claim_key(self.request.id, self.state.attempt, replays=replays,
+                         replaced=replaced)
 
     # -- the record -----------------------------------------------------------------
 
@@ -192,8 +202,7 @@ class AttemptSeat:
         if isinstance(raised, Reject) and raised.requeue:
             self.restore(before())
             return
-        self.save(replace(fresh.started(fresh.attempt), state="discarded", outcome="discarded",
-                          extra={**fresh.extra, "end_reason": ended_by(raised)}))
+        self.save(ended_record(fresh, raised))
 
     def restore(self, record: JobRecord | None) -> None:
         """Put back the record and the claim as before this attempt (no record: remove it)."""

@@ -186,10 +186,12 @@ class RecordStore:
         return "new" if held is None else claim_of(held, token)
 
     def begin(self, key: str, token: str, started: JobRecord, *,
-              lease_ms: int | None = None, peek: str | None = None) -> AdmissionReply | None:
+              rounds: tuple[int, int] = (0, 0), lease_ms: int | None = None,
+              peek: str | None = None) -> AdmissionReply | None:
         """``claim`` and ``load`` in one round trip on the Redis backend, saving
-        ``started`` when the claim is new and the stored record (if any) is of an
-        earlier attempt; ``None`` on other backends (then one call each).
+        ``started`` when the claim is new and the stored record (if any) ranks below it
+        (an earlier attempt, or round: ``rounds``); ``None`` on other backends (then one
+        call each).
         The returned ``AdmissionReply.record`` is the record as it was before. With
         ``lease_ms``, the attempt's lease is taken for ``token`` first, in the same call
         (``AdmissionReply.leased``), and the value of key ``peek`` read with it."""
@@ -202,6 +204,7 @@ class RecordStore:
             record_key=self.key(started.id, RECORD_SUFFIX),
             token=token, claim_ttl_ms=self._claim_ttl() * 1000, started=started.to_json(),
             record_ttl_ms=int(expires * 1000) if expires else None, attempt=started.attempt,
+            rounds=rounds,
             lease_key=None if lease_ms is None else self.key(key, LEASE_SUFFIX),
             lease_ttl_ms=lease_ms or 0, peek_key=peek)
 

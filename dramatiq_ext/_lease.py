@@ -43,6 +43,7 @@ class DeliverySeat:
                  started: float, give_back: Callable[[str], NoReturn]) -> None:
         self.broker, self.message, self.store = broker, message, store
         self.attempt = state.attempt
+        self.rounds = (0, state.replay_count)  # Dramatiq has no replacements
         self.label = f"{message.actor_name}[{message.message_id}]"
         self.logger = logger
         self.key = claim_key(message, state)
@@ -58,7 +59,7 @@ class DeliverySeat:
         data = None if fresh is None else fresh.to_dict()
         options: dict[str, Any] = {"lease_ms": lease_ms} if lease_ms is not None else {}
         if self.attempt > 1:
-            options["attempt"] = self.attempt
+            options.update(attempt=self.attempt, rounds=self.rounds)
         begun: AdmissionReply = self.retry.call(
             lambda: begin(self.key, self.token, self.ttl, self.message.message_id, data,
                           **options), operation="claim attempt")

@@ -15,7 +15,7 @@ from typing import Any
 
 from dramatiq_ext._store_protocol import DEFAULT_RECORD_TTL
 from ojs_adapters.runtime.claims import AdmissionReply, claim_of
-from ojs_adapters.runtime.handoff import Claim, is_newer
+from ojs_adapters.runtime.handoff import Claim, is_newer, record_rank
 
 
 class MemoryRecordStore:
@@ -66,10 +66,11 @@ class MemoryRecordStore:
 
     def begin(self, key: str, token: str, ttl: int, message_id: str,
               started: Mapping[str, Any] | None, *, lease_ms: int | None = None,
-              attempt: int | None = None) -> AdmissionReply:
+              attempt: int | None = None, rounds: tuple[int, int] = (0, 0)) -> AdmissionReply:
         """A delivery's whole admission under one lock, as ``RedisRecordStore.begin`` does
         it in one script: the lease (if ``lease_ms``), the claim, the record read, and
-        ``started`` written over no record, or with ``attempt`` over an earlier one's."""
+        ``started`` written over no record, or with ``attempt`` (in ``rounds``) over one
+        that ranks below it."""
         text = None if started is None else json.dumps(started, separators=(",", ":"))
         wrote = False
         with self._lock:
@@ -79,7 +80,8 @@ class MemoryRecordStore:
             held = self._take_claim(key, token, ttl, now)
             record = self._live(message_id, now)
             if held is None and text is not None and (
-                    record is None or (attempt is not None and _attempt(record) < attempt)):
+                    record is None or (attempt is not None and
+                                       _rank(record) < (*rounds, attempt))):
                 self._records[message_id] = (text, now + self.ttl / 1000)
                 wrote = True
         leased = None if lease_ms is None else True
@@ -111,14 +113,20 @@ class MemoryRecordStore:
         return True
 
 
-def _attempt(text: str) -> float:
-    """The attempt of a stored record's JSON as the admission script reads it (Lua's
-    ``tonumber``: a number or a numeric string); an unreadable one is of no attempt, so
-    a later attempt's start is never written over it."""
+def _rank(text: str) -> tuple[float, ...]:
+    """The rank of a stored record's JSON as the admission script reads it: its rounds
+    (``record_rank``) and attempt (Lua's ``tonumber``: a number or a numeric string); one
+    of no readable attempt ranks above all, so a later attempt's start is never written
+    over it."""
     try:
-        seen = json.loads(text).get("attempt")
+        data = json.loads(text)
+        seen = data.get("attempt")
         if isinstance(seen, bool) or not isinstance(seen, (int, float, str)):
-            return math.inf
-        return float(seen)  # NaN compares false, as in Lua: never written over either
+            return (math.inf,)
+        attempt = float(seen)
+        if math.isnan(attempt):  # compares false in Lua: never written over either
+            return (math.inf,)
+        replaced, replays, _ = record_rank(data)
+        return replaced, replays, attempt
     except (ValueError, AttributeError, RecursionError):
-        return math.inf
+        return (math.inf,)

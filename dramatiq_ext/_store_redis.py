@@ -90,7 +90,7 @@ class RedisRecordStore:
 
     def begin(self, key: str, token: str, ttl: int, message_id: str,
               started: Mapping[str, Any] | None, *, lease_ms: int | None = None,
-              attempt: int | None = None) -> AdmissionReply:
+              attempt: int | None = None, rounds: tuple[int, int] = (0, 0)) -> AdmissionReply:
         """``claim`` and ``load`` in one round trip, saving ``started`` (if given) when
         both find nothing (a new claim, no record), or, with ``attempt``, a record of an
         earlier attempt: an attempt's whole start. With ``lease_ms``, the attempt's lease
@@ -99,6 +99,6 @@ class RedisRecordStore:
         return begin_on_redis(
             self.client, claim_key=f"{self.prefix}:claim:{key}",
             record_key=f"{self.prefix}:{message_id}", token=token, claim_ttl_ms=ttl,
-            started=text, record_ttl_ms=self.ttl, attempt=attempt,
+            started=text, record_ttl_ms=self.ttl, attempt=attempt, rounds=rounds,
             lease_key=None if lease_ms is None else f"{self.prefix}:lease:{key}",
             lease_ttl_ms=lease_ms or 0)

@@ -39,6 +39,7 @@ class Seat(Protocol):
     """
 
     attempt: int
+    rounds: tuple[int, int]  # its replacement and replay rounds (``handoff.record_rank``)
     label: str  # "<task>[<job id>]", for the log lines
     logger: logging.Logger
 
@@ -109,14 +110,16 @@ def admit(seat: Seat, fresh: JobRecord | None, *, deadline: Callable[[], float])
                 # our own start, by a ``begin`` whose replies were all lost: not a crash
                 own = claimed == "new" and record is not None and record == fresh
                 record = None if own else record
-                return Admission(judge_delivery(record, seat.attempt, claim=claimed),
+                return Admission(judge_delivery(record, seat.attempt, claim=claimed,
+                                                rounds=seat.rounds),
                                  record, own)
     else:
         seat.hold_lease()
     if begun.wrote and begun.claim == "new":  # over no record or an earlier attempt's: run
         return Admission("run", None, True, begun.record)
     record = record_of(begun.record)
-    return Admission(judge_delivery(record, seat.attempt, claim=begun.claim), record, False)
+    return Admission(judge_delivery(record, seat.attempt, claim=begun.claim,
+                                     rounds=seat.rounds), record, False)
 
 
 def read_record(seat: Seat) -> JobRecord | None:
@@ -152,7 +155,8 @@ def _take_lease(seat: Seat, waits: _Waits) -> None:
         if taken:
             seat.hold_lease()
             return
-        if judge_delivery(read_record(seat), seat.attempt, claim="mine") == "duplicate":
+        if judge_delivery(read_record(seat), seat.attempt, claim="mine",
+                          rounds=seat.rounds) == "duplicate":
             return  # the holder's outcome is stored (it gives its lease up)
         waits.wait(f"another delivery of attempt {seat.attempt} is alive")
 

@@ -20,21 +20,22 @@ from typing import Any, NamedTuple
 
 from ojs_adapters.history import JobRecord
 from ojs_adapters.runtime.group_commit import run_script
-from ojs_adapters.runtime.handoff import Claim
+from ojs_adapters.runtime.handoff import RANK_LUA, Claim
 
 # KEYS[1] claim, KEYS[2] record, KEYS[3] (optional) the attempt's lease. ARGV[1] token,
 # ARGV[2] claim TTL (ms), ARGV[3] the record to write if this claim is new and the attempt
 # is new ('' = never write), ARGV[4] its TTL (ms, '' = none), ARGV[5] the attempt ('' =
-# write only when no record exists; else also over a record of an earlier attempt),
-# ARGV[6] the lease holder and ARGV[7] its TTL (ms), with KEYS[3]. A lease held by
+# write only when no record exists; else also over a record that ranks below it, with
+# ARGV[6] and ARGV[7] its replacement and replay rounds: ``handoff.record_rank``),
+# ARGV[8] the lease holder and ARGV[9] its TTL (ms), with KEYS[3]. A lease held by
 # another holder stops the script before the claim: the delivery waits (``leases``).
 # KEYS[4] (optional, with KEYS[3]) is a key whose value the reply carries besides (Celery's
 # result meta, ``AdmissionReply.peeked``).
-_ADMIT_LUA = """
+_ADMIT_LUA = RANK_LUA + """
 if #KEYS > 2 then
   local holder = redis.call('GET', KEYS[3])
-  if holder and holder ~= ARGV[6] then return {0, false, false, 0, 0, false} end
-  redis.call('SET', KEYS[3], ARGV[6], 'PX', ARGV[7])
+  if holder and holder ~= ARGV[8] then return {0, false, false, 0, 0, false} end
+  redis.call('SET', KEYS[3], ARGV[8], 'PX', ARGV[9])
 end
 local peeked = false
 if #KEYS > 3 then peeked = redis.call('GET', KEYS[4]) end
@@ -48,7 +49,8 @@ if claimed and ARGV[3] ~= '' then
   if record and ARGV[5] ~= '' then
     local ok, data = pcall(cjson.decode, record)
     local seen = ok and type(data) == 'table' and tonumber(data['attempt'])
-    fresh = (seen and seen < tonumber(ARGV[5])) or false
+    fresh = (seen and above({tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[5])},
+                            rank_of(data))) or false
   end
   if fresh then
     if ARGV[4] ~= '' then
@@ -99,19 +101,22 @@ def claim_of(held: str | bytes, token: str) -> Claim:
 
 def begin_on_redis(client: Any, *, claim_key: str, record_key: str, token: str,
                    claim_ttl_ms: int, started: str | None, record_ttl_ms: int | None,
-                   attempt: int | None = None, lease_key: str | None = None,
-                   lease_ttl_ms: int = 0, peek_key: str | None = None) -> AdmissionReply:
+                   attempt: int | None = None, rounds: tuple[int, int] = (0, 0),
+                   lease_key: str | None = None, lease_ttl_ms: int = 0,
+                   peek_key: str | None = None) -> AdmissionReply:
     """Claim ``claim_key`` for ``token`` and read ``record_key``, atomically.
 
     ``started`` (a record's JSON) is written when the claim is new and no record
-    exists, or, with ``attempt``, when the stored one is of an earlier attempt:
+    exists, or, with ``attempt`` (in ``rounds``: its replacement and replay rounds), when
+    the stored one ranks below it (an earlier attempt or round):
     exactly when ``judge_delivery`` would say "run" and the adapter would write it.
     With ``lease_key``, the attempt's lease is taken for ``token`` first, in the same
     round trip (``ojs_adapters.runtime.leases``): a delivery's whole admission is one call.
     With a lease, ``peek_key``'s value comes back too (``AdmissionReply.peeked``).
     """
     keys, args = [claim_key, record_key], [token, claim_ttl_ms, started or "",
-                                           record_ttl_ms or "", "" if attempt is None else attempt]
+                                           record_ttl_ms or "", "" if attempt is None else attempt,
+                                           *rounds]
     if lease_key is not None:
         keys.append(lease_key)
         args.extend([token, lease_ttl_ms])

@@ -15,8 +15,8 @@ delivery is, so the adapters run every attempt at most once:
 - ``record_rank(data)`` and ``ORDERED_SAVE_LUA``: records are saved in order. The
   ``handed_off`` mark is written after the successor was accepted, and the successor
   may run (and store its own record) first: a save never replaces a record of a later
-  attempt, or of a later replay round (``is_newer``; on Redis, atomically, in one
-  round trip).
+  attempt, or of a later round (a ``Task.replace`` replacement, a replayed dead letter:
+  ``is_newer``; on Redis, atomically, in one round trip).
 
 >>> error_headers(ErrorEntry(1, "HANDLER_ERROR", "SmtpError", "refused", "2026-02-15T10:30:00Z"),
 ...               2)["x-ojs-error-details"]
@@ -48,30 +48,47 @@ HANDED_OFF = "handed_off"
 #: ``HANDED_OFF`` value once the dead-letter copy was accepted.
 DEAD_LETTER_SUCCESSOR = "dead_letter"
 
+#: Record key (in ``JobRecord.extra``): how many times ``Task.replace`` replaced the job
+#: (Celery's ``replaced_task_nesting``); each replacement starts a new round of attempts.
+REPLACED = "replaced_task_nesting"
+#: Record key: how many times a dead-letter replay sent the job again (a round too).
+REPLAYED = "replay_count"
+
+#: Lua: ``newer`` is whether the decoded record ``old`` ranks above ARGV[2..4] (its
+#: replacement round, replay round and attempt): ``record_rank`` in the script.
+RANK_LUA = """
+local function rank_of(data)
+    return {tonumber(data["replaced_task_nesting"]) or 0, tonumber(data["replay_count"]) or 0,
+            tonumber(data["attempt"]) or 0}
+end
+local function above(a, b)
+    for i = 1, 3 do
+        if a[i] ~= b[i] then return a[i] > b[i] end
+    end
+    return false
+end
+"""
+
 #: Redis script: save a job record unless the stored one ranks higher (``record_rank``).
-#: KEYS[1]: the record's key. ARGV: [1] the record (JSON text), [2] its replay round,
-#: [3] its attempt, [4] time to live in ms (0: none), [5] "string" (``SET``) or "list"
-#: (a one-element list, as Dramatiq's Redis result backend keeps values). A stored
-#: value that is not a JSON object is replaced. Returns 1 if written, 0 if kept. With
-#: KEYS[2] (an attempt's lease) and ARGV[6] (its holder), the lease is released too, if
-#: that holder still holds it: the outcome and the release in one round trip (``leases``).
-#: ``ORDERED_SAVE_BODY`` is the save alone (KEYS[1], ARGV[1..5]), for scripts that add to it.
-ORDERED_SAVE_BODY = """
-local list = ARGV[5] == "list"
+#: KEYS[1]: the record's key. ARGV: [1] the record (JSON text), [2] its replacement round,
+#: [3] its replay round, [4] its attempt, [5] time to live in ms (0: none), [6] "string"
+#: (``SET``) or "list" (a one-element list, as Dramatiq's Redis result backend keeps
+#: values). A stored value that is not a JSON object is replaced. Returns 1 if written, 0
+#: if kept. With KEYS[2] (an attempt's lease) and ARGV[7] (its holder), the lease is
+#: released too, if that holder still holds it: the outcome and the release in one round
+#: trip (``leases``). ``ORDERED_SAVE_BODY`` is the save alone (KEYS[1], ARGV[1..6]).
+ORDERED_SAVE_BODY = RANK_LUA + """
+local list = ARGV[6] == "list"
 local held
 if list then held = redis.call("LINDEX", KEYS[1], 0) else held = redis.call("GET", KEYS[1]) end
 if held then
     local ok, old = pcall(cjson.decode, held)
-    if ok and type(old) == "table" then
-        local round = tonumber(old["replay_count"]) or 0
-        local attempt = tonumber(old["attempt"]) or 0
-        local new_round, new_attempt = tonumber(ARGV[2]), tonumber(ARGV[3])
-        if round > new_round or (round == new_round and attempt > new_attempt) then
-            return 0
-        end
+    if ok and type(old) == "table" and
+            above(rank_of(old), {tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])}) then
+        return 0
     end
 end
-local ttl = tonumber(ARGV[4])
+local ttl = tonumber(ARGV[5])
 if list then
     redis.call("DEL", KEYS[1])
     redis.call("LPUSH", KEYS[1], ARGV[1])
@@ -84,7 +101,7 @@ end
 return 1
 """
 ORDERED_SAVE_LUA = """
-if #KEYS > 1 and redis.call("GET", KEYS[2]) == ARGV[6] then redis.call("DEL", KEYS[2]) end
+if #KEYS > 1 and redis.call("GET", KEYS[2]) == ARGV[7] then redis.call("DEL", KEYS[2]) end
 """ + ORDERED_SAVE_BODY
 
 #: The attempt's claim as this copy found it: just taken by this copy ("new"), taken
@@ -128,13 +145,24 @@ def error_headers(entry: ErrorEntry, attempt: int) -> dict[str, Any]:
     }
 
 
-def record_rank(data: Mapping[str, Any]) -> tuple[int, int]:
-    """Where a stored record (``JobRecord.to_dict()``) stands: ``(replay round, attempt)``.
+def record_rank(data: Mapping[str, Any]) -> tuple[int, int, int]:
+    """Where a stored record (``JobRecord.to_dict()``) stands: ``(replacement round, replay
+    round, attempt)``; a replacement's attempts rank above its replaced task's.
 
     >>> record_rank({"attempt": 2, "replay_count": 1}), record_rank({})
-    ((1, 2), (0, 0))
+    ((0, 1, 2), (0, 0, 0))
     """
-    return _count(data.get("replay_count")), _count(data.get("attempt"))
+    return (_count(data.get(REPLACED)), _count(data.get(REPLAYED)),
+            _count(data.get("attempt")))
+
+
+def rank_of(record: JobRecord) -> tuple[int, int, int]:
+    """``record_rank`` of a ``JobRecord``.
+
+    >>> rank_of(JobRecord("j", "t", "q", 3, attempt=2, extra={"replaced_task_nesting": 1}))
+    (1, 0, 2)
+    """
+    return _count(record.extra.get(REPLACED)), _count(record.extra.get(REPLAYED)), record.attempt
 
 
 def is_newer(stored: Mapping[str, Any] | None, record: Mapping[str, Any]) -> bool:
@@ -164,24 +192,30 @@ def handed_off(record: JobRecord) -> JobRecord:
     return replace(record, extra={**record.extra, HANDED_OFF: successor_of(record)})
 
 
-def judge_delivery(record: JobRecord | None, attempt: int, *, claim: Claim = "new") -> Verdict:
-    """What to do with a delivery of ``attempt``, given the job ``record`` and the ``claim``.
+def judge_delivery(record: JobRecord | None, attempt: int, *, claim: Claim = "new",
+                   rounds: tuple[int, int] = (0, 0)) -> Verdict:
+    """What to do with a delivery of ``attempt`` in ``rounds`` (its replacement and replay
+    rounds), given the job ``record`` and the ``claim``.
 
-    Another copy's claim makes this one a duplicate. This copy's own earlier claim
-    with a record that never saw the attempt start means its earlier delivery ran
-    while the store was unreachable: that attempt is lost (RET-12), not run again.
+    Another copy's claim makes this one a duplicate, and so does a record of a later
+    attempt or round. This copy's own earlier claim with a record that never saw the
+    attempt start means its earlier delivery ran while the store was unreachable: that
+    attempt is lost (RET-12), not run again.
 
     >>> rec = JobRecord("j", "t", "q", 3).started(2)
     >>> judge_delivery(rec, 2), judge_delivery(rec, 2, claim="other"), judge_delivery(rec, 1)
     ('lost', 'duplicate', 'duplicate')
     >>> judge_delivery(rec, 3), judge_delivery(rec, 3, claim="mine")
     ('run', 'lost')
+    >>> judge_delivery(rec, 1, rounds=(1, 0)), judge_delivery(rec, 3, rounds=(0, 0))
+    ('run', 'run')
     """
     if claim == "other":
         return "duplicate"
-    if record is None or record.attempt < attempt:
+    mine = (*rounds, attempt)
+    if record is None or rank_of(record) < mine:
         return "lost" if claim == "mine" else "run"
-    if record.attempt > attempt:
+    if rank_of(record) > mine:
         return "duplicate"
     accepted = record.extra.get(HANDED_OFF) == successor_of(record)
     if record.state == "active":

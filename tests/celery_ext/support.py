@@ -22,7 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery import Celery
+from celery import Celery, chain
 from celery.exceptions import Ignore, Reject
 from kombu import Connection
 
@@ -106,9 +106,13 @@ def perform(task: Any, step: str) -> str:
         raise Ignore()
     if step == "reject":  # the handler drops the message
         raise Reject("not wanted", requeue=False)
-    if step.startswith("replace:"):  # replace:<step>|<step>...: Task.replace, same queue
+    if step.startswith("replace"):  # replace:<step>|<step>...: Task.replace, same queue
         queue = (task.request.delivery_info or {}).get("routing_key")
-        raise task.replace(task.si(step[8:].split("|")).set(queue=queue))
+        kind, script = step.split(":", 1)
+        replacement = task.si(script.split("|")).set(queue=queue)
+        if kind == "replace-chain":  # a chain: its last task takes the job's id
+            replacement = chain(task.si(["ok"]).set(queue=queue), replacement)
+        raise task.replace(replacement)
     if step.startswith("recurse:"):  # the task calls itself from its body, n levels deep
         depth = int(step.split(":", 1)[1])
         return str(task(["ok"] if depth <= 1 else [f"recurse:{depth - 1}"]))

@@ -155,7 +155,8 @@ def test_a_task_that_calls_itself_runs_once_as_a_plain_call(env: Env) -> None:
     ["replace:ok"],
     ["raise:value", "replace:ok"],
     ["raise:value", "replace:raise:value|ok"],
-], ids=["first-attempt", "second-attempt", "replacement-retries"])
+    ["raise:value", "replace-chain:ok"],
+], ids=["first-attempt", "second-attempt", "replacement-retries", "chain"])
 def test_a_replaced_task_runs_its_replacement(env: Env, script: list[str]) -> None:
     """``Task.replace`` sends a new task with the same id (Celery stamps it with
     ``replaced_task_nesting``): its attempts are a new round, never taken for duplicates

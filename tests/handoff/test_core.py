@@ -84,3 +84,17 @@ def test_idempotent_handoff_verdicts() -> None:
     dead = JobRecord("j", "t", "q", 1).started(1).failed(entry, action="dead_letter")
     assert judge_delivery(dead, 1) == "redo_dead_letter"
     assert judge_delivery(handed_off(dead), 1) == "duplicate"
+
+
+def test_rounds_rank_above_attempts() -> None:
+    """A replacement (``Task.replace``) and a replayed dead letter start a new round: its
+    attempt 1 runs over any attempt of the round before, and a late copy of the round
+    before (the replaced message redelivered, its ack lost) is a duplicate, not a crash."""
+    reset = JobRecord("j", "t", "q", 3, attempt=0, extra={"replaced_task_nesting": 1})
+    assert judge_delivery(reset, 1, rounds=(1, 0)) == "run"
+    assert judge_delivery(reset, 2, claim="mine", rounds=(0, 0)) == "duplicate"
+    assert judge_delivery(reset.started(1), 3, claim="mine") == "duplicate"
+    replayed = JobRecord("j", "t", "q", 3, attempt=0, extra={"replay_count": 1})
+    assert judge_delivery(replayed, 1, rounds=(0, 1)) == "run"
+    assert judge_delivery(replayed, 3) == "duplicate"  # a stale retry of the first round
+    assert judge_delivery(replayed, 1, rounds=(1, 0)) == "run"  # a replacement after it

@@ -13,6 +13,7 @@ RabbitMQ ack goes only to the channel its message came on.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -88,6 +89,56 @@ def test_a_save_for_an_earlier_attempt_keeps_the_newer_record(dramatiq_store: An
     assert JobRecord.from_dict(store.load(job)).state == "active"
 
 
+def _replacement_reset(job: str, attempt_before: int) -> JobRecord:
+    """The record ``Task.replace`` leaves before the replacement is sent (``_replace``)."""
+    return JobRecord(job, "t", "q", 3, attempt=0,
+                     extra={"replaced_task_nesting": 1, "replaced_by": f"t{attempt_before}"})
+
+
+def test_a_late_write_of_the_replaced_task_keeps_the_replacement_round(
+        dramatiq_store: Any) -> None:
+    """A replacement (``Task.replace``) is a later round than every attempt of the task it
+    replaced: the replaced task's late ``handed_off`` mark (attempt 1) or a later attempt's
+    write does not replace its record, whatever its attempt number."""
+    store, job = dramatiq_store, str(uuid.uuid4())
+    store.save(job, _replacement_reset(job, 2).to_dict())
+    store.save(job, _attempt_1_handed_off(job).to_dict())  # late, from the replaced task
+    store.save(job, _attempt_2_completed(job).to_dict())
+    kept = JobRecord.from_dict(store.load(job))
+    assert (kept.attempt, kept.extra["replaced_task_nesting"]) == (0, 1)
+    store.save(job, _replacement_reset(job, 2).started(1).to_dict())  # its attempt 1
+    assert JobRecord.from_dict(store.load(job)).state == "active"
+
+
+@pytest.mark.broker
+def test_admission_writes_over_an_earlier_round_at_a_higher_attempt(redis_url: str) -> None:
+    """The admission script ranks as the ordered save does: the replacement's attempt 1
+    starts over the replaced task's attempt 3, and the replaced task's attempt 3 (a
+    redelivery) starts over nothing of the replacement's."""
+    import redis
+
+    from ojs_adapters.runtime.claims import begin_on_redis
+
+    client, prefix = redis.Redis.from_url(redis_url), f"ojs-test-{uuid.uuid4().hex[:10]}"
+    replaced = JobRecord("j", "t", "q", 3).started(3)
+    replacement = JobRecord("j", "t", "q", 3, extra={"replaced_task_nesting": 1}).started(1)
+    keys = {"record_key": f"{prefix}:record"}
+    try:
+        client.set(keys["record_key"], replaced.to_json())
+        new_round = begin_on_redis(client, **keys, claim_key=f"{prefix}:c1", token="a|1",
+                                   claim_ttl_ms=10_000, started=replacement.to_json(),
+                                   record_ttl_ms=10_000, attempt=1, rounds=(1, 0))
+        old_round = begin_on_redis(client, **keys, claim_key=f"{prefix}:c3", token="b|1",
+                                   claim_ttl_ms=10_000, started=replaced.started(3).to_json(),
+                                   record_ttl_ms=10_000, attempt=3, rounds=(0, 0))
+        stored = JobRecord.from_dict(json.loads(client.get(keys["record_key"])))
+    finally:
+        client.delete(keys["record_key"], f"{prefix}:c1", f"{prefix}:c3")
+    assert (new_round.claim, new_round.wrote) == ("new", True)
+    assert (old_round.claim, old_round.wrote) == ("new", False)
+    assert (stored.attempt, stored.extra["replaced_task_nesting"]) == (1, 1)
+
+
 @pytest.mark.broker
 def test_the_redis_ordered_save_is_one_round_trip(
         redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,6 +181,10 @@ def test_celery_records_keep_order_on_redis_and_a_restore_forces(redis_url: str)
         store.save(_attempt_1_handed_off(job), force=True)  # ``restore``: put it back
         kept = store.load(job)
         assert kept is not None and (kept.state, kept.attempt) == ("retryable", 1)
+        store.save(_replacement_reset(job, 1), force=True)  # ``Task.replace``'s reset
+        store.save(_attempt_2_completed(job))  # a late write of the replaced task
+        kept = store.load(job)
+        assert kept is not None and (kept.attempt, kept.extra["replaced_by"]) == (0, "t1")
     finally:
         store.delete(job)
 

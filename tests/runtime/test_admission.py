@@ -17,7 +17,7 @@ from ojs_adapters.runtime.handoff import Claim
 class _Seat:
     """A delivery whose store answers ``reply`` to its one admission call."""
 
-    attempt, label, logger = 2, "t[j]", logging.getLogger("test")
+    attempt, rounds, label, logger = 2, (0, 0), "t[j]", logging.getLogger("test")
 
     def __init__(self, reply: AdmissionReply) -> None:
         self.reply, self.held = reply, False

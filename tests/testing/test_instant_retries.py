@@ -277,3 +277,27 @@ def test_celery_eager_honours_self_retry_and_per_call_policy() -> None:
     assert done.get() == 3 and waited(retries, done.id) == [600.0, 600.0]  # at least 600 s
     assert (retries.attempts(ended), retries.outcome(ended)) == (2, "discarded")
     assert retries.jobs() == [done.id, ended]
+
+
+def test_celery_eager_ignore_ends_the_job_as_in_a_worker() -> None:
+    """``Ignore`` from the handler on attempt 2: the record says the handler ended the job,
+    as a worker's does, not the ``retryable`` of attempt 1 (nothing will retry it)."""
+    from celery.exceptions import Ignore
+
+    jobs = CeleryJobs()
+
+    @jobs.app.task(shared=False, base=OjsTask, bind=True, name="shop.skip",
+                   retry_policy={"max_attempts": 3, "initial_interval": "PT1M"})
+    def skip(self: Any, order_id: int) -> None:
+        if self.ojs.attempt == 1:
+            raise PAYMENT_DECLINED
+        raise Ignore()
+
+    with instant_retries(jitter_sample=0.5) as retries:
+        job = skip.delay(7).id
+    CLOCK["backoff"] += 60.0
+    record = retries.record(job)
+    assert record is not None
+    assert (record.state, record.attempt, record.extra["end_reason"]) == (
+        "discarded", 2, "ended by the handler (Ignore)")
+    assert [e.attempt for e in record.errors] == [1]
