@@ -61,10 +61,13 @@ def hand_over(seat: AttemptSeat, record: JobRecord, sig: Any) -> None:
 
 
 def _id_holder(sig: Any, job_id: str) -> Signature | None:
-    """The one task of ``sig`` Celery gives the job's id: ``sig`` itself, a chain's last
-    task; ``None`` where it is no single task (a group's ``celery.accumulate``, ...)."""
-    last = sig.tasks[-1] if isinstance(sig, _chain) and sig.tasks else sig
-    return last if type(last) is Signature and last.id == job_id else None
+    """The one task of ``sig`` Celery gives the job's id (``sig`` itself, or a task of a
+    chain: its last, or the first when the replaced task was inside a chain itself);
+    ``None`` where it is no single task (a group's ``celery.accumulate``, ...)."""
+    for each in (sig.tasks if isinstance(sig, _chain) else [sig]):
+        if type(each) is Signature and each.id == job_id:
+            return each
+    return None
 
 
 def _carry_on(seat: AttemptSeat, sig: Signature) -> None:

@@ -20,7 +20,7 @@ from dramatiq.common import q_name
 
 from ojs_adapters import JobRecord
 from ojs_adapters.runtime.group_commit import run_script
-from ojs_adapters.runtime.handoff import ORDERED_SAVE_BODY
+from ojs_adapters.runtime.handoff import ORDERED_SAVE_BODY, SAVE_ARGC
 
 #: KEYS[1] the queue's message hash; ARGV[1] the message's Redis id, ARGV[2] the new body.
 #: -1 if the message is no longer stored there (then nothing is written), else 1.
@@ -30,11 +30,11 @@ redis.call("HSET", KEYS[1], ARGV[1], ARGV[2])
 return 1
 """
 #: The same, then the ordered save of the record (``ORDERED_SAVE_BODY``): KEYS[1] the
-#: record, KEYS[2] the message hash; ARGV[1..5] the save's, ARGV[6] the Redis id, ARGV[7]
-#: the new body.
-_REPLACE_AND_SAVE = """
-if redis.call("HEXISTS", KEYS[2], ARGV[6]) == 0 then return -1 end
-redis.call("HSET", KEYS[2], ARGV[6], ARGV[7])
+#: record, KEYS[2] the message hash; ARGV the save's (``SAVE_ARGC`` of them), then the
+#: Redis id and the new body.
+_REPLACE_AND_SAVE = f"""
+if redis.call("HEXISTS", KEYS[2], ARGV[{SAVE_ARGC + 1}]) == 0 then return -1 end
+redis.call("HSET", KEYS[2], ARGV[{SAVE_ARGC + 1}], ARGV[{SAVE_ARGC + 2}])
 """ + ORDERED_SAVE_BODY
 
 

@@ -28,7 +28,7 @@ from ojs_adapters import JobRecord
 from ojs_adapters.errors import OjsBackendError
 from ojs_adapters.runtime.backend_retry import count_failure
 from ojs_adapters.runtime.delivery import Unpublished
-from ojs_adapters.runtime.handoff import handed_off
+from ojs_adapters.runtime.handoff import handed_off, rank_of
 
 #: Seconds the ack waits for a record that cannot be saved (the successor, forever).
 RECORD_HOLD_SECONDS = 15.0
@@ -139,7 +139,7 @@ class AckGate:
         """Whether the store already holds a later attempt of ``record``'s job: a read before
         the write shrinks the window for a stale overwrite to one round trip."""
         current = self.records.load(record.id)
-        return current is not None and current.attempt > record.attempt
+        return current is not None and rank_of(current) > rank_of(record)
 
     def _as_it_came(self, message: MessageProxy, pending: Pending, what: str,
                     error: Exception) -> None:

@@ -19,15 +19,15 @@ from dramatiq.message import Message
 from dramatiq_ext._handoff import is_redis
 from ojs_adapters import JobRecord
 from ojs_adapters.runtime.group_commit import run_script
-from ojs_adapters.runtime.handoff import ORDERED_SAVE_BODY
+from ojs_adapters.runtime.handoff import ORDERED_SAVE_BODY, SAVE_ARGC
 from ojs_adapters.runtime.tokens import new_token
 
-#: KEYS[1] the record, KEYS[2] the queue's message hash, KEYS[3] the queue; ARGV[1..5] the
-#: ordered save's (``ORDERED_SAVE_BODY``), ARGV[6] the Redis message id, ARGV[7] the body.
-#: The retry is enqueued whatever the save finds (a stored later attempt is kept).
-_ENQUEUE_AND_SAVE = """
-redis.call("HSET", KEYS[2], ARGV[6], ARGV[7])
-redis.call("RPUSH", KEYS[3], ARGV[6])
+#: KEYS[1] the record, KEYS[2] the queue's message hash, KEYS[3] the queue; ARGV the
+#: ordered save's (``ORDERED_SAVE_BODY``, ``SAVE_ARGC`` of them), then the Redis message id
+#: and the body. The retry is enqueued whatever the save finds (a later attempt is kept).
+_ENQUEUE_AND_SAVE = f"""
+redis.call("HSET", KEYS[2], ARGV[{SAVE_ARGC + 1}], ARGV[{SAVE_ARGC + 2}])
+redis.call("RPUSH", KEYS[3], ARGV[{SAVE_ARGC + 1}])
 """ + ORDERED_SAVE_BODY
 
 

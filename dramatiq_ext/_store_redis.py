@@ -76,7 +76,7 @@ class RedisRecordStore:
 
     def save_call(self, message_id: str, record: Mapping[str, Any]) -> tuple[str, list[Any]]:
         """The key and arguments of the ordered save of ``record`` (``ORDERED_SAVE_BODY``'s
-        KEYS[1] and ARGV[1..5]), for scripts that save it along with something else."""
+        KEYS[1] and ARGV[1..SAVE_ARGC]), for scripts that save it with something else."""
         text = json.dumps(record, separators=(",", ":"))
         return f"{self.prefix}:{message_id}", [text, *record_rank(record), self.ttl, "string"]
 

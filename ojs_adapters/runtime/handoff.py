@@ -54,8 +54,8 @@ REPLACED = "replaced_task_nesting"
 #: Record key: how many times a dead-letter replay sent the job again (a round too).
 REPLAYED = "replay_count"
 
-#: Lua: ``newer`` is whether the decoded record ``old`` ranks above ARGV[2..4] (its
-#: replacement round, replay round and attempt): ``record_rank`` in the script.
+#: Lua: ``rank_of(data)``, a decoded record's ``record_rank``; ``above(a, b)``, whether
+#: rank ``a`` is above rank ``b``.
 RANK_LUA = """
 local function rank_of(data)
     return {tonumber(data["replaced_task_nesting"]) or 0, tonumber(data["replay_count"]) or 0,
@@ -76,7 +76,9 @@ end
 #: values). A stored value that is not a JSON object is replaced. Returns 1 if written, 0
 #: if kept. With KEYS[2] (an attempt's lease) and ARGV[7] (its holder), the lease is
 #: released too, if that holder still holds it: the outcome and the release in one round
-#: trip (``leases``). ``ORDERED_SAVE_BODY`` is the save alone (KEYS[1], ARGV[1..6]).
+#: trip (``leases``). ``ORDERED_SAVE_BODY`` is the save alone (KEYS[1], ARGV[1..6]): a
+#: script that adds to it reads its own arguments from ARGV[SAVE_ARGC + 1] on.
+SAVE_ARGC = 6
 ORDERED_SAVE_BODY = RANK_LUA + """
 local list = ARGV[6] == "list"
 local held
@@ -100,8 +102,10 @@ else
 end
 return 1
 """
-ORDERED_SAVE_LUA = """
-if #KEYS > 1 and redis.call("GET", KEYS[2]) == ARGV[7] then redis.call("DEL", KEYS[2]) end
+ORDERED_SAVE_LUA = f"""
+if #KEYS > 1 and redis.call("GET", KEYS[2]) == ARGV[{SAVE_ARGC + 1}] then
+    redis.call("DEL", KEYS[2])
+end
 """ + ORDERED_SAVE_BODY
 
 #: The attempt's claim as this copy found it: just taken by this copy ("new"), taken

@@ -198,3 +198,24 @@ def test_a_job_its_handler_ends_is_discarded_saying_so(env: Env, step: str) -> N
 def _state(env: Env, job_id: str) -> str | None:
     record = get_job_record(job_id, app=env.app)
     return None if record is None else record.state
+
+
+def test_a_task_inside_a_chain_replaced_on_attempt_two(env: Env) -> None:
+    """Replaced inside a chain, the task's replacement is followed by the rest of the chain
+    (Celery's rule): the replacement takes the job's id and its history, then the chain
+    goes on."""
+    from celery import chain
+
+    queue = env.take_queue()
+    first = env.tasks["scripted"].si(["raise:value", "replace:ok"]).set(
+        queue=queue, idempotency_key="order-8")
+    result = chain(first, env.tasks["scripted"].si(["ok"]).set(queue=queue)).apply_async()
+    assert result.get(**GET) == "ok"
+    job = result.parent.id
+    assert [r.attempt for r in RUNS[job]] == [1, 2, 1]
+    record = get_job_record(job, app=env.app)
+    assert record is not None
+    assert (record.state, record.attempt, record.extra["replaced_task_nesting"]) == (
+        "completed", 1, 1)
+    assert [e.attempt for e in record.errors] == [1]
+    assert record.extra["idempotency_key"] == "order-8"
