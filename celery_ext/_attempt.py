@@ -49,6 +49,7 @@ from ojs_adapters.runtime.handoff import error_headers, handed_off
 
 __all__ = ["RetryRequested", "run_attempt"]
 
+
 def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run one delivery of ``task`` in the worker and act on how it ends."""
     run = Delivery(task)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from celery.canvas import Signature, _chain
+from celery.canvas import Signature, _chain, _chord
 
 from celery_ext._handoff import replaced_round, with_retry
 from celery_ext._headers import HEADER, HeaderState
@@ -61,10 +61,12 @@ def hand_over(seat: AttemptSeat, record: JobRecord, sig: Any) -> None:
 
 
 def _id_holder(sig: Any, job_id: str) -> Signature | None:
-    """The one task of ``sig`` Celery gives the job's id (``sig`` itself, or a task of a
-    chain: its last, or the first when the replaced task was inside a chain itself);
-    ``None`` where it is no single task (a group's ``celery.accumulate``, ...)."""
-    for each in (sig.tasks if isinstance(sig, _chain) else [sig]):
+    """The one task of ``sig`` Celery gives the job's id (``sig`` itself; a chain's last
+    task, or its first when the replaced task sat in a chain itself; a chord's body);
+    ``None`` where that is no plain task (a nested canvas)."""
+    tasks = sig.tasks if isinstance(sig, _chain) else [sig.body] if isinstance(
+        sig, _chord) else [sig]
+    for each in tasks:
         if type(each) is Signature and each.id == job_id:
             return each
     return None

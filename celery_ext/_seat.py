@@ -54,6 +54,7 @@ def ended_record(fresh: JobRecord, raised: BaseException) -> JobRecord:
     return replace(fresh.started(fresh.attempt), state="discarded", outcome="discarded",
                    extra={**fresh.extra, "end_reason": ended_by(raised)})
 
+
 #: Renews the leases of the Celery deliveries this process runs (a registry; not
 #: ``_heartbeat``, which keeps Redis deliveries reserved).
 LEASES = LeaseRenewer()
