@@ -6,7 +6,8 @@ sent, the job record is reset to attempt 0, still ``active`` (the job goes on), 
 replacement: its first attempt is then new to the record, whatever attempt the replaced
 task was on, and the replaced delivery leaves the record as it is (``Ignore`` undoes
 nothing). A reset that cannot be stored fails the attempt: sent without it, the
-replacement would be dropped as a duplicate.
+replacement would be dropped as a duplicate. A replacement Celery cannot send puts the
+attempt's record back (``take_back``) and fails the attempt.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from celery.canvas import Signature, _chain, _chord
 
 from celery_ext._handoff import replaced_round, with_retry
 from celery_ext._headers import HEADER, HeaderState
-from celery_ext._seat import AttemptSeat
+from celery_ext._seat import AttemptSeat, logger
 from ojs_adapters import JobRecord
 from ojs_adapters.runtime.dlq import REPLAY_HEADER
 from ojs_adapters.runtime.handoff import REPLACED
@@ -58,6 +59,20 @@ def hand_over(seat: AttemptSeat, record: JobRecord, sig: Any) -> None:
     seat.replaced = True
     if holder is not None:
         _carry_on(seat, holder)
+
+
+def take_back(seat: AttemptSeat, record: JobRecord) -> None:
+    """Undo ``hand_over`` when the replacement was not sent: ``record`` (the running
+    attempt's) back over the reset, so the attempt's failure is stored and its retry runs
+    (kept, a reset of a later round would make that retry a duplicate)."""
+    seat.replaced = False
+    try:
+        with_retry(seat.task.app, lambda: seat.store.save(record, force=True),
+                   operation="write job record")
+    except Exception:
+        logger.error("%s[%s]: the replacement was not sent and the job record cannot be "
+                     "put back; its retry may be taken for a duplicate", seat.task.name,
+                     seat.request.id, exc_info=True)
 
 
 def _id_holder(sig: Any, job_id: str) -> Signature | None:

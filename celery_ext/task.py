@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any, ClassVar, TypedDict
 
 from celery import Task
+from celery.exceptions import Ignore
 
 from celery_ext._attempt import RetryRequested, run_attempt
 from celery_ext._current import CONTEXT_ATTRIBUTE, RUNNING, job_context
@@ -25,7 +26,7 @@ from celery_ext._eager_warnings import warn_eager_once, warn_not_eager_once
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._parking import install as install_parking
 from celery_ext._policy import reject_celery_retry_options, task_policy
-from celery_ext._replace import SEAT_ATTRIBUTE, hand_over
+from celery_ext._replace import SEAT_ATTRIBUTE, hand_over, take_back
 from celery_ext._retry_send import SENDING
 from celery_ext.exceptions import JobDiscarded
 from ojs_adapters import (
@@ -191,9 +192,16 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
         """Before Celery sends the replacement: reset the job record for the new round of
         attempts it starts (``_replace``; a plain or eager call has no rounds)."""
         seat = getattr(self.request, SEAT_ATTRIBUTE, None)
-        if seat is not None and not self.request.is_eager:
-            hand_over(seat, seat.fresh, sig)
-        return super().on_replace(sig)
+        if seat is None or self.request.is_eager:
+            return super().on_replace(sig)
+        hand_over(seat, seat.fresh, sig)
+        try:
+            return super().on_replace(sig)  # sends it, then raises Ignore
+        except Ignore:
+            raise
+        except BaseException:  # not sent: the attempt fails as this delivery's own round
+            take_back(seat, seat.fresh)
+            raise
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request

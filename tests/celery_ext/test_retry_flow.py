@@ -219,3 +219,19 @@ def test_a_task_inside_a_chain_replaced_on_attempt_two(env: Env) -> None:
         "completed", 1, 1)
     assert [e.attempt for e in record.errors] == [1]
     assert record.extra["idempotency_key"] == "order-8"
+
+
+def test_a_replacement_that_cannot_be_sent_fails_the_attempt(env: Env) -> None:
+    """The record was reset for the replacement's round before Celery sent it; the send
+    failed (here: arguments JSON cannot encode), so the reset is undone and the attempt
+    fails through the policy, retried as any failure, never dropped as a duplicate of a
+    round that never began."""
+    result = env.tasks["scripted"].apply_async((["replace-unsendable:x"],),
+                                               queue=env.take_queue())
+    with pytest.raises(JobDiscarded) as ended:
+        result.get(**GET)
+    record = ended.value.record
+    assert (record.state, record.attempt) == ("discarded", 3)
+    assert [e.attempt for e in record.errors] == [1, 2, 3]
+    assert "replaced_task_nesting" not in record.extra
+    assert [r.attempt for r in RUNS[result.id]] == [1, 2, 3]
