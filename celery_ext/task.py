@@ -194,8 +194,8 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
         seat = getattr(self.request, SEAT_ATTRIBUTE, None)
         if seat is None or self.request.is_eager:
             return super().on_replace(sig)
-        hand_over(seat, seat.fresh, sig)
         try:
+            hand_over(seat, seat.fresh, sig)  # may have landed though it raised (lost reply)
             return super().on_replace(sig)  # sends it, then raises Ignore
         except Ignore:
             raise
