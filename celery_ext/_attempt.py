@@ -171,6 +171,8 @@ class Delivery(AttemptSeat):
         """Decide on failed attempt ``state.attempt`` and carry the decision out; return what
         the caller raises: Celery's ``Retry`` once the retry is sent, else the terminal error
         (``JobDeadLettered``/``JobDiscarded``) that makes ``OjsRequest`` end the job."""
+        if self.replaced and exc is not None:  # the job went on as its replacement: no
+            return exc  # decision, the failure is Celery's alone (its ``Ignore`` swallowed)
         self.exc = exc
         sample = task_jitter_sample(self.task) if self.policy.jitter else None
         budget = budget_of(self.task.app, self.dependency) if self.dependency else None

@@ -1,13 +1,14 @@
 """``Task.replace`` in a worker: the job goes on as the replacement, in a round of its own.
 
 Celery sends the replacement with the replaced task's id and ``replaced_task_nesting`` one
-higher, so its attempts claim keys of a new round (``_handoff.claim_key``). Before it is
-sent, the job record is reset to attempt 0, still ``active`` (the job goes on), naming the
-replacement: its first attempt is then new to the record, whatever attempt the replaced
-task was on, and the replaced delivery leaves the record as it is (``Ignore`` undoes
-nothing). A reset that cannot be stored fails the attempt: sent without it, the
-replacement would be dropped as a duplicate. A replacement Celery cannot send puts the
-attempt's record back (``take_back``) and fails the attempt.
+higher, so its attempts claim keys of a new round (``_handoff.claim_key``) and rank above
+every attempt of the task it replaced (``handoff.record_rank``): admitted whatever attempt
+that task was on. Before the send, ``prepare`` gives the task that takes the id the job's
+history, key, replay round and a copy token of its own. Once Celery has sent it, the record
+is reset to attempt 0 of the new round, still ``active`` (the job goes on), naming the
+replacement (``hand_over``): the replaced message, should it come back, is a duplicate.
+Nothing is written before the send, so a send that fails leaves the attempt to fail as any
+other, and no crash can leave a reset without its replacement.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from typing import Any
 
 from celery.canvas import Signature, _chain, _chord
 
-from celery_ext._handoff import replaced_round, with_retry
+from celery_ext._handoff import TOKEN_HEADER, new_token, replaced_round, with_retry
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._seat import AttemptSeat, logger
 from ojs_adapters import JobRecord
+from ojs_adapters.runtime.backend_retry import count_failure
 from ojs_adapters.runtime.dlq import REPLAY_HEADER
 from ojs_adapters.runtime.handoff import REPLACED
 
@@ -39,40 +41,39 @@ def replaced_info(request: Any) -> dict[str, int]:
     return {REPLACED: nesting} if nesting else {}
 
 
-def hand_over(seat: AttemptSeat, record: JobRecord, sig: Any) -> None:
-    """Reset the job record (``record``: the running attempt's) for ``sig``, the replacement
-    of ``seat``'s delivery, before Celery sends it (``OjsTask.on_replace``). Raises
-    ``OjsBackendError`` if the store stays out of reach."""
+def prepare(seat: AttemptSeat, sig: Any) -> Signature | None:
+    """Before Celery sends ``sig``: the nesting OJS counts on it, and the job carried on to
+    the task that takes the id (returned; ``None`` where that is no plain task)."""
     raw = seat.request.replaced_task_nesting
     nesting = replaced_round(raw) + 1
     if raw != nesting - 1:  # Celery added 1 to a value it cannot count by: count it ours
         for each in [sig, *(sig.tasks if isinstance(sig, _chain) else ())]:
             each.set(replaced_task_nesting=nesting)
     holder = _id_holder(sig, seat.request.id)
+    if holder is not None:
+        _carry_on(seat, holder)
+    return holder
+
+
+def hand_over(seat: AttemptSeat, record: JobRecord, sig: Any,
+              holder: Signature | None) -> None:
+    """Once Celery has sent ``sig``: the job record (``record``: the running attempt's)
+    reset to attempt 0 of the replacement's round, unless the replacement stored its own
+    already (an ordered save). A store out of reach is logged: the job goes on anyway."""
+    seat.replaced = True
+    nesting = replaced_round(seat.request.replaced_task_nesting) + 1
     extra = {**record.extra, REPLACED: nesting,
              REPLACED_BY: str(getattr(holder or sig, "name", None) or type(sig).__name__)}
     if holder is None or REPLAY_HEADER not in (seat.request.headers or {}):
         extra = {k: v for k, v in extra.items() if k not in REPLAY_KEYS}  # not carried on
     reset = replace(record.started(0), extra=extra)
-    with_retry(seat.task.app, lambda: seat.store.save(reset, force=True),
-               operation="write job record")
-    seat.replaced = True
-    if holder is not None:
-        _carry_on(seat, holder)
-
-
-def take_back(seat: AttemptSeat, record: JobRecord) -> None:
-    """Undo ``hand_over`` when the replacement was not sent: ``record`` (the running
-    attempt's) back over the reset, so the attempt's failure is stored and its retry runs
-    (kept, a reset of a later round would make that retry a duplicate)."""
-    seat.replaced = False
     try:
-        with_retry(seat.task.app, lambda: seat.store.save(record, force=True),
+        with_retry(seat.task.app, lambda: seat.store.save(reset),
                    operation="write job record")
     except Exception:
-        logger.error("%s[%s]: the replacement was not sent and the job record cannot be "
-                     "put back; its retry may be taken for a duplicate", seat.task.name,
-                     seat.request.id, exc_info=True)
+        count_failure("write job record", "failed")
+        logger.warning("%s[%s]: replaced, but the job record cannot say so", seat.task.name,
+                       seat.request.id, exc_info=True)
 
 
 def _id_holder(sig: Any, job_id: str) -> Signature | None:
@@ -93,7 +94,7 @@ def _carry_on(seat: AttemptSeat, sig: Signature) -> None:
     request_headers = seat.request.headers or {}
     state = HeaderState(errors=seat.state.errors,
                         idempotency_key=seat.state.idempotency_key or str(seat.request.id))
-    carried = {HEADER: state.encode()}
+    carried = {HEADER: state.encode(), TOKEN_HEADER: new_token()}  # a copy of its own
     if REPLAY_HEADER in request_headers:
         carried[REPLAY_HEADER] = request_headers[REPLAY_HEADER]
     sig.set(headers={**carried, **(sig.options.get("headers") or {})})

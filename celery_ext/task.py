@@ -26,7 +26,7 @@ from celery_ext._eager_warnings import warn_eager_once, warn_not_eager_once
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._parking import install as install_parking
 from celery_ext._policy import reject_celery_retry_options, task_policy
-from celery_ext._replace import SEAT_ATTRIBUTE, hand_over, take_back
+from celery_ext._replace import SEAT_ATTRIBUTE, hand_over, prepare
 from celery_ext._retry_send import SENDING
 from celery_ext.exceptions import JobDiscarded
 from ojs_adapters import (
@@ -189,18 +189,16 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
         return job_context(request)
 
     def on_replace(self, sig: Any) -> Any:
-        """Before Celery sends the replacement: reset the job record for the new round of
-        attempts it starts (``_replace``; a plain or eager call has no rounds)."""
+        """The replacement carries the job on, and once sent the record names it
+        (``_replace``; a plain or eager call has no rounds)."""
         seat = getattr(self.request, SEAT_ATTRIBUTE, None)
         if seat is None or self.request.is_eager:
             return super().on_replace(sig)
+        holder = prepare(seat, sig)
         try:
-            hand_over(seat, seat.fresh, sig)  # may have landed though it raised (lost reply)
             return super().on_replace(sig)  # sends it, then raises Ignore
-        except Ignore:
-            raise
-        except BaseException:  # not sent: the attempt fails as this delivery's own round
-            take_back(seat, seat.fresh)
+        except Ignore:  # sent: the record says so (a failed send fails the attempt)
+            hand_over(seat, seat.fresh, sig, holder)
             raise
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

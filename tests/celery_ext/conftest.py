@@ -20,7 +20,7 @@ from celery.worker import state as worker_state
 from tests.celery_ext.support import Broker, broker_named, register_tasks
 
 #: Queues each session worker consumes; tests take them one by one.
-QUEUES_PER_WORKER = 44
+QUEUES_PER_WORKER = 48
 
 
 @dataclass

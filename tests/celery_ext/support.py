@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +115,10 @@ def perform(task: Any, step: str) -> str:
             replacement = chain(task.si(["ok"]).set(queue=queue), replacement)
         if kind == "replace-unsendable":  # arguments JSON cannot encode: the send fails
             replacement = task.si(object()).set(queue=queue)
+        if kind == "replace-swallowed":  # the body swallows Celery's Ignore, then fails
+            with suppress(Exception):
+                task.replace(replacement)
+            raise ValueError("after the replace")
         raise task.replace(replacement)
     if step.startswith("recurse:"):  # the task calls itself from its body, n levels deep
         depth = int(step.split(":", 1)[1])

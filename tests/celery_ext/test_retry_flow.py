@@ -14,6 +14,7 @@ from tests.celery_ext.support import (
     JITTER_SEED,
     RUNS,
     TIMED_POLICY,
+    drain,
     wait_for,
 )
 
@@ -235,3 +236,22 @@ def test_a_replacement_that_cannot_be_sent_fails_the_attempt(env: Env) -> None:
     assert [e.attempt for e in record.errors] == [1, 2, 3]
     assert "replaced_task_nesting" not in record.extra
     assert [r.attempt for r in RUNS[result.id]] == [1, 2, 3]
+
+
+def test_a_failure_after_a_replace_leaves_the_job_to_its_replacement(env: Env) -> None:
+    """The body swallows the ``Ignore`` of ``self.replace`` and then raises, on its last
+    attempt: the job went on as the replacement, so no decision is taken on the replaced
+    task (no dead letter, no event); the record is the replacement's."""
+    queue = env.take_queue()
+    result = env.tasks["scripted"].apply_async(
+        (["replace-swallowed:ok"],), queue=queue,
+        retry_policy={"max_attempts": 1, "on_exhaustion": "dead_letter"})
+
+    def replaced_and_done() -> JobRecord | None:
+        record = get_job_record(result.id, app=env.app)
+        return record if record is not None and record.state == "completed" else None
+
+    record = wait_for(replaced_and_done, timeout=20)
+    assert (record.attempt, record.extra["replaced_task_nesting"]) == (1, 1)
+    assert drain(env.app, f"{queue}.dead_letter", timeout=1.0) == []
+    assert [r.attempt for r in RUNS[result.id]] == [1, 1]
