@@ -117,7 +117,7 @@ class Delivery(AttemptSeat):
                    "retry_policy": self.policy.to_dict(),
                    "idempotency_key": self.key,
                    **replay_info(self.request.headers),  # a replayed dead letter's count
-                   **replaced_info(self.request)},  # and a replacement's (Task.replace)
+                   **replaced_info(self)},  # and a replacement's (Task.replace)
         )
         self.fresh = self.base.started(self.state.attempt)  # this attempt's ``active`` record
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from celery.canvas import Signature, _chain, _chord
 
-from celery_ext._handoff import TOKEN_HEADER, new_token, replaced_round, with_retry
+from celery_ext._handoff import TOKEN_HEADER, new_token, with_retry
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._seat import AttemptSeat, logger
 from ojs_adapters import JobRecord
@@ -35,18 +35,18 @@ REPLAY_KEYS = frozenset({"replay_count", "last_replayed_at"})
 SEAT_ATTRIBUTE = "ojs_seat"
 
 
-def replaced_info(request: Any) -> dict[str, int]:
-    """The record's ``REPLACED`` count for a delivery of ``request`` (none if never)."""
-    nesting = replaced_round(getattr(request, "replaced_task_nesting", 0))
+def replaced_info(seat: AttemptSeat) -> dict[str, int]:
+    """The record's ``REPLACED`` count for ``seat``'s delivery (none if never replaced)."""
+    nesting = seat.rounds[0]
     return {REPLACED: nesting} if nesting else {}
 
 
 def prepare(seat: AttemptSeat, sig: Any) -> Signature | None:
     """Before Celery sends ``sig``: the nesting OJS counts on it, and the job carried on to
     the task that takes the id (returned; ``None`` where that is no plain task)."""
-    raw = seat.request.replaced_task_nesting
-    nesting = replaced_round(raw) + 1
-    if raw != nesting - 1:  # Celery added 1 to a value it cannot count by: count it ours
+    nesting = seat.rounds[0] + 1
+    if seat.request.replaced_task_nesting != seat.rounds[0]:
+        # Celery added 1 to a value it cannot count by: count it ours
         for each in [sig, *(sig.tasks if isinstance(sig, _chain) else ())]:
             each.set(replaced_task_nesting=nesting)
     holder = _id_holder(sig, seat.request.id)
@@ -61,8 +61,7 @@ def hand_over(seat: AttemptSeat, record: JobRecord, sig: Any,
     reset to attempt 0 of the replacement's round, unless the replacement stored its own
     already (an ordered save). A store out of reach is logged: the job goes on anyway."""
     seat.replaced = True
-    nesting = replaced_round(seat.request.replaced_task_nesting) + 1
-    extra = {**record.extra, REPLACED: nesting,
+    extra = {**record.extra, REPLACED: seat.rounds[0] + 1,
              REPLACED_BY: str(getattr(holder or sig, "name", None) or type(sig).__name__)}
     if holder is None or REPLAY_HEADER not in (seat.request.headers or {}):
         extra = {k: v for k, v in extra.items() if k not in REPLAY_KEYS}  # not carried on

@@ -216,10 +216,11 @@ def judge_delivery(record: JobRecord | None, attempt: int, *, claim: Claim = "ne
     """
     if claim == "other":
         return "duplicate"
-    mine = (*rounds, attempt)
-    if record is None or rank_of(record) < mine:
+    rank = (*rounds, attempt)
+    stored = (-1,) if record is None else rank_of(record)  # no record: below every rank
+    if stored < rank:
         return "lost" if claim == "mine" else "run"
-    if rank_of(record) > mine:
+    if record is None or stored > rank:
         return "duplicate"
     accepted = record.extra.get(HANDED_OFF) == successor_of(record)
     if record.state == "active":
