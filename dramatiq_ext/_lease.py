@@ -98,6 +98,19 @@ class DeliverySeat:
         return time_limit_held(self.broker, self.message, self.started)
 
 
+def claim_step(store: Any, backend_retry: BackendRetry, message: MessageProxy,
+               state: MessageState, step: str, ttl: int) -> str | None:
+    """Whether this copy may take ``step`` of its attempt (``claims.claim_of``); ``None``:
+    the store is out of reach."""
+    key, token = claim_key(message, state, step), f"{token_of(message)}|{new_token()}"
+    try:
+        claimed: str = backend_retry.call(lambda: claim(store, key, token, ttl),
+                                          operation="claim attempt")
+    except OjsBackendError:
+        return None
+    return claimed
+
+
 def claim_key(message: MessageProxy, state: MessageState, step: str | None = None) -> str:
     """``<message id>:<attempt>`` (``/<step>``, ``/replay<n>``): what a copy claims to run."""
     key = attempt_id(message.message_id, state.attempt)
@@ -137,7 +150,7 @@ def time_limit_held(broker: Broker, message: MessageProxy, started: float) -> It
         for limit in _time_limits(broker):
             total = message.options.get("time_limit") or actor.options.get(
                 "time_limit", limit.time_limit)
-            left = max(1, int(float(total) - spent))
+            left = max(1.0, float(total) - spent)  # float: Dramatiq's inf is no limit
             limit.manager.add_timeout(threading.get_ident(), left)  # type: ignore[no-untyped-call]
 
 

@@ -15,21 +15,19 @@ import time
 from typing import Any, NoReturn
 
 from dramatiq.broker import Broker, MessageProxy
-from dramatiq.errors import Retry
-from dramatiq.middleware import SkipMessage
-from dramatiq.middleware.time_limit import TimeLimitExceeded
+from dramatiq.middleware import MiddlewareError, SkipMessage
 
 from dramatiq_ext import _ack_ride as ack_ride
 from dramatiq_ext._context import clear_current_job, set_current_job
+from dramatiq_ext._failure import failure_of
 from dramatiq_ext._held_ack import PENDING, AckGate, HandoffPending, Pending
 from dramatiq_ext._lease import (
     LEASE_RENEWER,
     LEASED,
     DeliverySeat,
-    claim_key,
+    claim_step,
     time_limit_ms,
     time_limit_over,
-    token_of,
 )
 from dramatiq_ext._outcome import (
     DEAD,
@@ -42,15 +40,13 @@ from dramatiq_ext._outcome import (
 from dramatiq_ext._records import Records, key_of, new_record
 from dramatiq_ext._settings import ACTOR_OPTIONS, JitterSource, RetriesSettings
 from dramatiq_ext._state import MessageState
-from dramatiq_ext.stores import claim
+from dramatiq_ext._unrun import ADMITTED, end_skipped, given_back
 from ojs_adapters import JobContext, JobRecord, RetryPolicy, decide
 from ojs_adapters.decision import Decision
-from ojs_adapters.errors import OjsBackendError
-from ojs_adapters.failure import Failure, describe_failure, requested_retry
+from ojs_adapters.failure import Failure
 from ojs_adapters.runtime._instant import note_job
 from ojs_adapters.runtime.admission import admit, wait_limit
 from ojs_adapters.runtime.delivery import carry_out
-from ojs_adapters.runtime.tokens import new_token
 
 __all__ = ["ACTOR_OPTIONS", "DeadLettered", "JitterSource", "JobDeadLettered", "OjsRetries"]
 
@@ -60,6 +56,10 @@ _STARTED = "_ojs_started_record"
 _STARTED_AT = "_ojs_started_at"
 #: Where the hooks keep the delivery's ``MessageState``, read once.
 _STATE = "_ojs_state"
+#: The (result, exception) the first ``after_process_message`` of a delivery was given.
+_OUTCOME = "_ojs_outcome"
+#: Set once the delivery's outcome was carried out (a second call does nothing).
+_DECIDED = "_ojs_decided"
 
 
 class OjsRetries(RetriesSettings):
@@ -95,10 +95,25 @@ class OjsRetries(RetriesSettings):
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         started = time.monotonic()  # TimeLimit (before us in the list) started just now
+        try:
+            self._admit(broker, message, started)
+        except MiddlewareError:
+            raise
+        except Exception as error:  # Dramatiq would log it and run the actor unadmitted
+            if vars(message).get(ADMITTED):  # after the verdict: only the job context failed
+                self.logger.exception("Message %r: admitted, then: %r", message.message_id,
+                                      error)
+                return
+            self.logger.critical("Message %r: admission failed (%r); given back unrun.",
+                                 message.message_id, error, exc_info=True)
+            self._give_back(broker, message, _state_of(message), f"admission failed: {error!r}")
+
+    def _admit(self, broker: Broker, message: MessageProxy, started: float) -> None:
         self._take_retries_slot(broker)
         state = _state_of(message)
         if state.dead_letter:  # the hop to the dead-letter queue: fail it, never run it
-            if self._claim_step(broker, message, state, "dead_letter") == "other":
+            if claim_step(self.store_for(broker), self.backend_retry, message, state,
+                          "dead_letter", self.record_ttl) == "other":
                 raise AttemptConsumed("a second copy of a dead letter: dropped")
             message.fail()
             raise SkipMessage("dead-lettered by OjsRetries")
@@ -127,6 +142,7 @@ class OjsRetries(RetriesSettings):
         # Lease, claim, record read and ``active``: one round trip, as a rule.
         verdict, record, wrote, _ = admit(seat, fresh, deadline=deadline)
         if verdict == "run":
+            vars(message)[ADMITTED] = True
             if wrote and fresh is not None:
                 record = fresh  # saved by ``admit`` with the claim (one round trip)
             else:
@@ -166,34 +182,56 @@ class OjsRetries(RetriesSettings):
     def after_process_message(self, broker: Broker, message: MessageProxy, *,
                               result: Any = None, exception: BaseException | None = None) -> None:
         time_limit_over(broker, message)  # the actor is done; what follows is ours
+        # An interrupt raised out of a later after hook makes Dramatiq call every after hook
+        # again, with the interrupt: the first outcome stands, and a finished call is not redone.
+        _, exception = vars(message).setdefault(_OUTCOME, (result, exception))
+        if not vars(message).get(_DECIDED):
+            self._after(broker, message, exception)
+            vars(message)[_DECIDED] = True
+
+    def _after(self, broker: Broker, message: MessageProxy,
+               exception: BaseException | None) -> None:
         clear_current_job()
         if isinstance(exception, AttemptConsumed):
             dead = vars(message).pop(DEAD, None)
             if dead is not None:  # dead-lettered in place before the worker stuffed this
                 message.stuff_exception(dead)
             return
+        if exception is not None and not vars(message).get(ADMITTED):
+            # Interrupted (a time limit, a shutdown) before admission let it run: no attempt.
+            self.logger.warning("Message %r interrupted (%r) before it ran; given back unrun.",
+                                message.message_id, exception)
+            self._gate(broker).settle(message, given_back(message))
+            return
         state = _state_of(message)
         policy = self._policy(broker, message)
         # The record this delivery wrote as it started (no store read); else read it.
-        record = vars(message).pop(_STARTED, None) or \
-            self._records(broker).load(message.message_id)
+        record = vars(message).get(_STARTED) or self._records(broker).load(message.message_id)
         if record is None:  # an earlier middleware stopped the message before our hook
             record = new_record(message, policy, state).started(state.attempt)
         if exception is None:
             self._gate(broker).save_before_ack(message, record.completed())
             return
         if state.first_attempt_at is None:  # attempt 1 (or sent without it): started now
-            started = vars(message).pop(_STARTED_AT, None)
+            started = vars(message).get(_STARTED_AT)
             state = state._replace(first_attempt_at=started or time.time())
-        decision = self._decide(broker, message, policy, state, _failure_of(exception))
+        decision = self._decide(broker, message, policy, state, failure_of(exception))
         self._carry_out(broker, message, state, policy, record, decision)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         time_limit_over(broker, message)
         clear_current_job()
         state = _state_of(message)
-        if state.dead_letter and message.failed:
-            failed_to_dead_letters(message, state, self.logger)
+        if state.dead_letter:  # our own hop to the dead-letter queue
+            if message.failed:
+                failed_to_dead_letters(message, state, self.logger)
+            return
+        if not vars(message).get(_DECIDED):  # the actor or a middleware skipped it
+            vars(message)[_DECIDED] = True
+            fresh = new_record(message, self._policy(broker, message), state).started(
+                state.attempt)
+            end_skipped(message, state, self._records(broker), vars(message).get(_STARTED),
+                        fresh)
 
     def before_ack(self, broker: Broker, message: MessageProxy) -> None:
         pending: Pending | None = vars(message).get(PENDING)
@@ -239,21 +277,8 @@ class OjsRetries(RetriesSettings):
         """Give the delivery back to the broker unrun: the same copy (its token kept, so to
         the claims it is a redelivery) is published on its queue, and this one acked only
         once the broker took it (else the ack is held, as for a successor)."""
-        self._gate(broker).settle(message, Pending(message.copy(), None, {}, None, mark=False,
-                                                   hand_back=True))
+        self._gate(broker).settle(message, given_back(message))
         raise AttemptConsumed(f"attempt {state.attempt} given back to the broker: {why}")
-
-    def _claim_step(self, broker: Broker, message: MessageProxy, state: MessageState,
-                    step: str) -> str | None:
-        """Whether this copy may take ``step`` of its attempt; ``None``: the store is down."""
-        key, token = claim_key(message, state, step), f"{token_of(message)}|{new_token()}"
-        store = self.store_for(broker)
-        try:
-            claimed: str = self.backend_retry.call(
-                lambda: claim(store, key, token, self.record_ttl), operation="claim attempt")
-        except OjsBackendError:
-            return None
-        return claimed
 
 
 def _state_of(message: MessageProxy) -> MessageState:
@@ -262,19 +287,3 @@ def _state_of(message: MessageProxy) -> MessageState:
     if state is None:
         state = vars(message)[_STATE] = MessageState.of(message.options)
     return state
-
-
-def _failure_of(exception: BaseException) -> Failure:
-    """What ``decide`` needs to know about an exception a Dramatiq actor raised."""
-    if isinstance(exception, TimeLimitExceeded):
-        return describe_failure(exception, catalog_code="HANDLER_TIMEOUT")
-    if isinstance(exception, Retry):
-        # The handler asks for a retry, as Celery's ``self.retry(exc=...)``: the failure is
-        # what it was handling (``raise Retry(...) from exc``, or raised in ``except``),
-        # with handler code RETRY and its delay (ms) as a floor (``requested_retry``).
-        cause = exception.__cause__
-        if cause is None and not exception.__suppress_context__:
-            cause = exception.__context__
-        delay = exception.delay / 1000 if exception.delay is not None else None
-        return requested_retry(None if isinstance(cause, Retry) else cause, delay)
-    return describe_failure(exception)

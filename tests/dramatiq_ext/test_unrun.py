@@ -1,0 +1,145 @@
+"""Deliveries that end outside a decision: skipped, interrupted, or not admitted (RET-12).
+
+Each runs a real worker on StubBroker, Redis and RabbitMQ (records in ``Results`` there).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from dramatiq.middleware import Callbacks, Middleware, Shutdown, SkipMessage
+
+from dramatiq_ext import get_job_record
+from dramatiq_ext import middleware as ojs_middleware
+from tests.dramatiq_ext.harness import Env
+
+
+class Gate(Middleware):
+    """Skips (and fails, if asked) the messages whose kwargs say so, after OjsRetries."""
+
+    def before_process_message(self, broker: Any, message: Any) -> None:
+        if message.kwargs.get("drop"):
+            message.fail()
+            raise SkipMessage("dropped by the gate")
+
+
+def test_a_skipped_job_ends_its_record_saying_so(env: Env) -> None:
+    env.broker.add_middleware(Gate())
+
+    def job(skip: bool = False, drop: bool = False) -> None:
+        if skip:
+            raise SkipMessage("the actor skipped itself")
+
+    actor = env.actor(job)
+    skipped, dropped = actor.send(skip=True), actor.send(drop=True)
+    env.start()
+    one = env.wait_record(skipped.message_id)
+    two = env.wait_record(dropped.message_id)
+    assert (one.state, one.outcome, one.dead_lettered, one.attempt) == (
+        "discarded", "discarded", False, 1)
+    assert one.extra["end_reason"] == "skipped (SkipMessage)"
+    assert (two.state, two.outcome, two.dead_lettered) == ("discarded", "dead_letter", True)
+    assert [m.message_id for m in env.dead_letters(expect=1)] == [dropped.message_id]
+
+
+def test_a_retry_age_limit_drops_is_dead_lettered_in_its_record(env: Env) -> None:
+    calls: list[float] = []
+
+    def job() -> None:
+        calls.append(time.monotonic())
+        raise RuntimeError("boom")
+
+    actor = env.actor(job, max_age=300, retry_policy={
+        "max_attempts": 5, "initial_interval": "PT0.6S", "backoff_strategy": "none"})
+    sent = actor.send()
+    env.start()
+    record = env.wait_record(sent.message_id)
+    assert len(calls) == 1
+    assert (record.state, record.attempt, record.next_retry_at, record.dead_lettered) == (
+        "discarded", 2, None, True)  # not "retryable" with a retry that never comes
+    assert [e.attempt for e in record.errors] == [1]
+    assert len(env.dead_letters(expect=1)) == 1
+
+
+class InterruptOnce(Middleware):
+    """Raises ``Shutdown`` (an interrupt, as a worker's shutdown raises it into a thread)
+    once, in the hook named ``where``: deterministic stand-in for one landing there."""
+
+    def __init__(self, where: str) -> None:
+        self.where, self.fired = where, False
+
+    def _maybe(self) -> None:
+        if not self.fired:
+            self.fired = True
+            raise Shutdown("interrupted")
+
+    def before_process_message(self, broker: Any, message: Any) -> None:
+        if self.where == "before":
+            self._maybe()
+
+    def after_process_message(self, broker: Any, message: Any, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
+        if self.where == "after" and exception is None:
+            self._maybe()
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_an_interrupt_outside_the_actor_is_no_failed_attempt(env: Env, where: str) -> None:
+    """Before admission (a hook ahead of OjsRetries): the delivery is given back unrun.
+    After a success (a hook that runs after OjsRetries' own), Dramatiq calls every after
+    hook again with the interrupt: the success stands, nothing is retried."""
+    env.broker.add_middleware(InterruptOnce(where), before=Callbacks)
+    calls: list[float] = []
+    actor = env.actor(lambda: calls.append(time.monotonic()))
+    sent = actor.send()
+    env.start()
+    record = env.wait_record(sent.message_id)
+    time.sleep(0.3)  # a wrongly published retry would have run by now
+    assert (record.state, record.attempt, record.errors) == ("completed", 1, ())
+    assert len(calls) == 1
+    assert env.log.retries(sent.message_id) == []
+
+
+def test_a_failed_admission_gives_the_delivery_back_never_runs_it_unadmitted(
+        env: Env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Dramatiq logs a plain exception from a before hook and runs the actor anyway: ours
+    turns it into a give-back, so the body only ever runs admitted (its record active)."""
+    real, failed = ojs_middleware.new_record, list[bool]()
+
+    def new_record(*args: Any) -> Any:
+        if not failed:
+            failed.append(True)
+            raise OverflowError("an admission bug")
+        return real(*args)
+
+    monkeypatch.setattr(ojs_middleware, "new_record", new_record)
+    seen: list[Any] = []
+
+    def job() -> None:
+        record = get_job_record(sent.message_id, broker=env.broker)
+        seen.append(None if record is None else (record.state, record.attempt))
+
+    sent = env.actor(job).send()
+    env.start()
+    record = env.wait_record(sent.message_id)
+    assert seen == [("active", 1)]
+    assert (record.state, record.attempt, record.errors) == ("completed", 1, ())
+    assert "admission failed" in caplog.text
+
+
+def test_no_time_limit_as_infinity_still_admits_a_redelivery(env: Env) -> None:
+    """``time_limit=float("inf")`` is Dramatiq's "no limit"; a redelivered copy of a finished
+    job (its ack lost) is still a duplicate (RabbitMQ with Results takes the waiting path)."""
+    calls: list[float] = []
+    actor = env.actor(lambda: calls.append(time.monotonic()), time_limit=float("inf"))
+    sent = actor.send()
+    env.start()
+    env.wait_record(sent.message_id)
+    env.broker.enqueue(sent)  # the same copy again, as after a lost ack
+    time.sleep(1.0)
+    assert len(calls) == 1
+    record = env.record(sent.message_id)
+    assert record is not None and (record.state, record.attempt) == ("completed", 1)
+
