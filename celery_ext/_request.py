@@ -27,6 +27,7 @@ from celery_ext._deadletter import publish_dead_letter
 from celery_ext._handoff import with_retry
 from celery_ext._headers import HeaderState
 from celery_ext._heartbeat import hold
+from celery_ext._internal_error import dead_letter_of
 from celery_ext._parking import restore_delivery_info
 from celery_ext.exceptions import JobDeadLettered
 from celery_ext.records import RecordStore
@@ -52,6 +53,8 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
             exc = exc.exc
+        if getattr(exc_info, "internal", False):  # Celery could not store the outcome
+            exc = dead_letter_of(exc) or exc
         if isinstance(exc, JobDeadLettered) and not self._dead_letter(exc):
             task_ready(self)
             self.reject(requeue=True)
