@@ -28,6 +28,7 @@ from celery_ext._parking import install as install_parking
 from celery_ext._policy import reject_celery_retry_options, task_policy
 from celery_ext._replace import SEAT_ATTRIBUTE, hand_over, prepare
 from celery_ext._retry_send import SENDING
+from celery_ext._started import take_over as take_over_track_started
 from celery_ext.exceptions import JobDiscarded
 from ojs_adapters import (
     JobContext,
@@ -126,6 +127,7 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
             return
         task_policy(cls.retry_policy, app)
         install_parking(app)
+        take_over_track_started(cls)  # STARTED once admitted (_started)
 
     def policy(self, override: Mapping[str, Any] | None = None) -> RetryPolicy:
         """The effective policy: ``override`` over the task's over the app default."""
