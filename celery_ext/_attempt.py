@@ -38,6 +38,8 @@ from celery_ext._result_ride import arm_peek
 from celery_ext._retry_send import send_retry
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext._seat import AttemptSeat, logger
+from celery_ext._started import store_started
+from celery_ext._unstored import expect_success
 from celery_ext.dlq import replay_info
 from ojs_adapters import Decision, JobContext, JobRecord, RetryPolicy, decide
 from ojs_adapters.errors import OjsBackendError
@@ -65,6 +67,7 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
             run.fresh = run.base.started(run.state.attempt)  # after the countdown wait
             run.save(run.fresh)
         run.start()
+        store_started(task)  # task_track_started: only an admitted delivery says STARTED
         try:
             result = task.run(*args, **kwargs)
         except (Ignore, Reject) as raised:
@@ -82,7 +85,9 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
         except Exception as exc:
             raise run.fail(exc, exc)  # noqa: B904
         held = run.lease_alive()  # asked before the last save lets the lease go
-        run.save(run.fresh.completed(), last=True)
+        completed = run.fresh.completed()
+        run.save(completed, last=True)
+        expect_success(task.request.id, completed, run.save)  # unless Celery cannot store it
         if held:
             arm_peek()  # Celery's read before it stores SUCCESS: answered from admission
         return result
