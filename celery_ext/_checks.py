@@ -88,7 +88,26 @@ def check_worker_settings(app: Any) -> list[str]:
     except OjsValidationError as error:
         problems.append(f"{error.message} (the default, {DEFAULT_PARK_AFTER:g}s, applies)")
     problems.extend(_redis_visibility_problems(app, tasks))
+    if store.leases:
+        problems.extend(_expiry_problems(app.backend.expires, tasks))
     return problems
+
+
+def _expiry_problems(expires: Any, tasks: list[Any]) -> list[str]:
+    """Tasks whose records and claims (kept ``result_expires``) can lapse while an attempt
+    runs (its time limit) or waits for its retry (the longest countdown)."""
+    if not expires:
+        return []
+    out = []
+    for task in tasks:
+        longest = max(task.policy().max_interval.total_seconds(),
+                      float(task.time_limit or task.soft_time_limit or 0))
+        if longest >= float(expires):
+            out.append(f"{task.name}: result_expires ({float(expires):g}s) is not above its "
+                       f"longest retry countdown or time limit ({longest:g}s): its job record "
+                       "and attempt claims can expire meanwhile, so a crash is not counted "
+                       "(RET-12) and a retry sent twice can run twice; raise result_expires")
+    return out
 
 
 #: Class options that mean something only on an OjsTask.

@@ -156,6 +156,32 @@ def test_worker_settings_check_names_each_problem() -> None:
         check_worker_settings(app))
 
 
+def test_worker_settings_check_names_a_result_expiry_shorter_than_a_task_waits() -> None:
+    """Records and claims live ``result_expires``: shorter than a countdown or a time
+    limit, they can lapse under a running or waiting attempt (RET-12)."""
+    app = Celery("checks-expiry", broker="memory://", backend="redis://127.0.0.1:6379/0",
+                 set_as_current=False)
+    app.conf.result_expires = 120
+
+    @app.task(shared=False, base=OjsTask, retry_policy={"max_interval": "PT10M"})
+    def slow_retries() -> None: ...
+
+    @app.task(shared=False, base=OjsTask, time_limit=300)
+    def long_runs() -> None: ...
+
+    @app.task(shared=False, base=OjsTask, time_limit=60, retry_policy={"max_interval": "PT1M"})
+    def fits() -> None: ...
+
+    problems = check_worker_settings(app)
+    named = [p for p in problems if "result_expires (120s)" in p]
+    assert len(named) == 2
+    assert any(p.startswith(slow_retries.name) and "(600s)" in p for p in named)
+    assert any(p.startswith(long_runs.name) and "(300s)" in p for p in named)
+    app.conf.result_expires = 3600
+    app.backend.expires = 3600  # the backend read it at creation
+    assert not [p for p in check_worker_settings(app) if "result_expires" in p]
+
+
 def test_worker_start_logs_each_problem(caplog: pytest.LogCaptureFixture) -> None:
     """The worker_init receiver logs the check's findings as warnings."""
     app = Celery("checks-log", broker="memory://", backend="rpc://", set_as_current=False)
