@@ -213,7 +213,8 @@ class Delivery(AttemptSeat):
         not_before = time.time() + delay
         app = self.task.app
         riding = not wants_park(app, not_before) and \
-            self.store.save_with_publish(app, handed_off(record), self.queue, first=True)
+            self.store.save_with_publish(app, handed_off(record), self.queue, first=True,
+                                         alone=lambda: self.save(record))
         if not riding:
             self.save(record)
         try:

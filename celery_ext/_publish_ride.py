@@ -35,23 +35,27 @@ _SAME = ("host", "port", "db", "path", "username", "password")
 class PutRider:
     """A record save waiting for the next push to ``queue`` in this thread."""
 
-    __slots__ = ("args", "armed", "client", "first", "keys", "lua", "queue", "written")
+    __slots__ = ("alone", "args", "armed", "client", "first", "keys", "lua", "queue",
+                 "written")
 
     def __init__(self, client: Any, queue: str, lua: str, keys: Sequence[Any],
-                 args: Sequence[Any], first: bool) -> None:
+                 args: Sequence[Any], first: bool, alone: Callable[[], None] | None) -> None:
         self.client, self.queue, self.lua, self.keys, self.args = client, queue, lua, keys, args
         self.first = first  # the save before the push (a retry), else after (a mark)
+        self.alone = alone  # a first save's record as it must be before a push it cannot ride
         self.armed = True
         self.written = False
 
 
 def attach(app: Any, client: Any, queue: str, lua: str, keys: Sequence[Any],
-           args: Sequence[Any], *, first: bool) -> bool:
+           args: Sequence[Any], *, first: bool, alone: Callable[[], None] | None = None) -> bool:
     """Let the script ``lua`` ride on this thread's next push to ``queue``; ``False`` (save
-    alone) unless ``app``'s broker is kombu's Redis on the server and database of ``client``."""
+    alone) unless ``app``'s broker is kombu's Redis on the server and database of ``client``.
+    ``alone``: how a ``first`` save is made before another push comes (unmarked: the
+    successor is not on the broker yet)."""
     if not _install() or not shares_server(app, client):
         return False
-    _LOCAL.rider = PutRider(client, queue, lua, keys, args, first)
+    _LOCAL.rider = PutRider(client, queue, lua, keys, args, first, alone)
     return True
 
 
@@ -134,9 +138,11 @@ def _put_riding(self: Any, queue: str, message: Any, **kwargs: Any) -> None:
 
 
 def _save_alone(rider: PutRider) -> None:
-    """The rider's save, alone, now (a push it cannot ride comes first); then disarmed."""
-    rider.client.eval(rider.lua, len(rider.keys), *rider.keys, *rider.args)
-    rider.armed, rider.written = False, True
+    """A retry's record, alone and unmarked (``alone``), now that a push it cannot ride comes
+    first; the rider disarmed, not written (the save after the successor's push marks it)."""
+    rider.armed = False
+    if rider.alone is not None:
+        rider.alone()
 
 
 def _same_server(channel: Any, client: Any) -> bool:

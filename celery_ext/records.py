@@ -155,7 +155,7 @@ class RecordStore:
         return attach(self.backend, record.id, ORDERED_SAVE_LUA, keys, args, save, after)
 
     def save_with_publish(self, app: Any, record: JobRecord, queue: str, *,
-                          first: bool) -> bool:
+                          first: bool, alone: Callable[[], None] | None = None) -> bool:
         """Let this save ride in the ``MULTI`` of this thread's next push to ``queue``, before
         it (``first``: a retry's record) or after it (a dead letter's mark), when the broker
         is this backend's Redis (``_publish_ride``, ``app``'s broker). ``False``: it cannot:
@@ -166,7 +166,7 @@ class RecordStore:
         key = self.key(record.id, RECORD_SUFFIX)
         keys, args = self._save_call(key, record, None)
         return ride_publish(app, self.backend.client, queue, ORDERED_SAVE_LUA, keys, args,
-                            first=first)
+                            first=first, alone=alone)
 
     def claim(self, key: str, token: str) -> Claim:
         """Claim attempt ``key`` for the copy ``token`` (``ojs_adapters.runtime.handoff.Claim``).
