@@ -23,11 +23,11 @@ from celery_ext._budgets import budget_of
 from celery_ext._current import CONTEXT_ATTRIBUTE, RUNNING
 from celery_ext._headers import HEADER, merged
 from celery_ext._inputs import (
+    RedoneDeadLetter,
     RetryRequested,
     epoch,
     header_policy,
     lost_failure,
-    raise_terminal,
     requested_failure,
     task_jitter_sample,
     terminal_error,
@@ -155,8 +155,9 @@ class Delivery(AttemptSeat):
         if verdict == "resend":
             # The retry was decided but its message may not have been accepted.
             raise self.resend_retry(record)
-        if verdict == "redo_dead_letter":
-            raise_terminal(self.task, record, None)  # lets OjsRequest redo the dead letter
+        if verdict == "redo_dead_letter":  # OjsRequest publishes it; Celery stores nothing
+            error = terminal_error(self.task, record, None)
+            raise RedoneDeadLetter(*error.args)
         logger.info("%s[%s]: attempt %d already done (record %s at %d); dropping duplicate",
                     self.task.name, self.request.id, attempt, record.state, record.attempt)
         raise Ignore()

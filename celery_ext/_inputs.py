@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NoReturn
 
-from celery.exceptions import TimeLimitExceeded
+from celery.exceptions import Ignore, TimeLimitExceeded
 
 from celery_ext._conf import setting
 from celery_ext._headers import HeaderState
@@ -76,6 +76,13 @@ def terminal_error(task: Any, record: JobRecord,
     error = klass(message, record.to_dict())
     error.__cause__, error.__suppress_context__ = exc, True
     return error
+
+
+class RedoneDeadLetter(JobDeadLettered, Ignore):  # type: ignore[misc]  # Ignore: untyped
+    """A dead letter published again by a redelivered original (the broker refused it the
+    first time). Celery stored the FAILURE and ran the errbacks, ``on_failure`` and a chord's
+    count then; as an ``Ignore`` it ends this delivery with none of them again, and
+    ``OjsRequest`` publishes the dead letter as for any ``JobDeadLettered``."""
 
 
 def raise_terminal(task: Any, record: JobRecord, exc: BaseException | None) -> NoReturn:
