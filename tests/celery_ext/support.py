@@ -19,7 +19,8 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -260,3 +261,21 @@ def wait_for(predicate: Any, *, timeout: float = 10.0, interval: float = 0.02) -
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+@contextmanager
+def redis_app(redis_url: str, name: str, **conf: Any) -> Iterator[Celery]:
+    """A Celery app of its own on the shared Redis (broker and backend, keys under a prefix
+    of its own, removed on exit), with ``conf`` on top."""
+    prefix = f"ojs-test-{name}-{uuid.uuid4().hex[:8]}"
+    app = Celery(prefix, broker=redis_url, backend=redis_url, set_as_current=False)
+    keys = {"global_keyprefix": prefix + ":"}
+    app.conf.update(broker_transport_options=keys, result_backend_transport_options=keys,
+                    task_default_queue=f"{prefix}-q", broker_connection_retry_on_startup=True,
+                    worker_hijack_root_logger=False, **conf)
+    try:
+        yield app
+    finally:
+        client = app.backend.client
+        for key in client.scan_iter(match=f"{prefix}:*", count=500):
+            client.delete(key)

@@ -4,30 +4,21 @@ FAILURE in Celery; the record says the same, not ``completed`` (Redis broker and
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from celery_ext import OjsTask, get_job_record
+from tests.celery_ext.support import redis_app
 
 
 @pytest.fixture
 def app(redis_url: str) -> Iterator[Celery]:
-    prefix = f"ojs-test-unstored-{uuid.uuid4().hex[:8]}"
-    app = Celery(prefix, broker=redis_url, backend=redis_url, set_as_current=False)
-    keys = {"global_keyprefix": prefix + ":"}
-    app.conf.update(broker_transport_options=keys, result_backend_transport_options=keys,
-                    task_default_queue=f"{prefix}-q", broker_connection_retry_on_startup=True,
-                    worker_hijack_root_logger=False)
-    yield app
-    client = redis.Redis.from_url(redis_url)
-    for key in client.scan_iter(match=f"{prefix}:*", count=500):
-        client.delete(key)
+    with redis_app(redis_url, "unstored") as app:
+        yield app
 
 
 def test_a_result_celery_cannot_encode_ends_the_record_failed(app: Celery) -> None:
