@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
