@@ -128,8 +128,9 @@ def replay_headers(headers: Mapping[str, Any], mark: ReplayMark) -> dict[str, An
     fresh = HeaderState(attempt=1, errors=record.errors if record else state.errors,
                         policy=state.policy, idempotency_key=key)  # the same key
     out = {k: v for k, v in headers.items() if k not in _DROPPED_HEADERS}
+    # ``expires`` goes with ``eta``: a job replayed after it would be revoked unrun.
     out.update({HEADER: fresh.encode(), REPLAY_HEADER: json.dumps(mark.to_dict()),
-                "retries": 0, "eta": None})
+                "retries": 0, "eta": None, "expires": None})
     return out
 
 

@@ -268,17 +268,19 @@ def test_cli_over_celery_list_show_replay_purge(jobs: Jobs) -> None:
 
 
 def test_replay_headers_restart_the_job_and_keep_its_history() -> None:
-    """A replayed copy runs as attempt 1 with Celery's retry count and ETA cleared."""
+    """A replayed copy runs as attempt 1 with Celery's retry count, ETA and expiry cleared
+    (replayed after its ``expires``, Celery would revoke it unrun)."""
     record = JobRecord(id="t1", type="app.pay", queue="q", max_attempts=2, state="discarded",
                        attempt=2, errors=tuple(ErrorEntry(n, "HANDLER_ERROR", "E", "m",
                                                           "2026-01-01T00:00:00.000Z")
                                                for n in (1, 2)), outcome="dead_letter")
     headers = {"id": "t1", "task": "app.pay", "retries": 1, "eta": "2026-01-01T00:00:01",
+               "expires": "2026-01-01T00:00:05",
                HEADER: HeaderState(attempt=2, policy={"max_attempts": 2}).encode(),
                DEAD_LETTER_HEADER: record.to_json(), "x-ojs-error-code": "HANDLER_ERROR",
                "x-death": [{}], REPLAY_HEADER: '{"replay_count": 1}'}
     out = replay_headers(headers, ReplayMark(2, "2026-02-01T00:00:00.000Z"))
-    assert (out["retries"], out["eta"], out["id"]) == (0, None, "t1")
+    assert (out["retries"], out["eta"], out["expires"], out["id"]) == (0, None, None, "t1")
     assert not {DEAD_LETTER_HEADER, "x-ojs-error-code", "x-death"} & set(out)
     state = HeaderState.from_headers(out)
     assert state.attempt == 1 and [e.attempt for e in state.errors] == [1, 2]
