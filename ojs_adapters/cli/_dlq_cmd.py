@@ -214,11 +214,11 @@ def show(job_id: str, framework: str, app: str | None, broker: str | None,
     out = console()
     for key in ("id", "queue", "task_type", "error_type", "error_code", "dead_lettered_at",
                 "attempt", "replay_count", "last_replayed_at"):
-        out.print(f"{key}: {data[key]}")
+        out.print(f"{key}: {data[key]}", markup=False)  # a job's text, not rich markup
     out.print("history:")
     for entry in found.history:
         out.print(f"  attempt {entry.attempt} {entry.occurred_at} {entry.code} {entry.type}: "
-                  f"{entry.message}")
+                  f"{entry.message}", markup=False)
     out.print_json(data=data["payload"], default=str)
 
 

@@ -109,8 +109,9 @@ def fail(err: OjsError, *, as_json: bool) -> NoReturn:
 
 
 def print_json(data: Any) -> None:
-    """One JSON document on stdout."""
-    click.echo(json.dumps(data, indent=2, allow_nan=False))
+    """One JSON document on stdout (a value JSON has no type for, such as the datetime a
+    job's arguments decode to, as its ``str``)."""
+    click.echo(json.dumps(data, indent=2, allow_nan=False, default=str))
 
 
 def human_seconds(seconds: float) -> str:

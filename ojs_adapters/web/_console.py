@@ -40,6 +40,8 @@ class Console:
         self.templates = jinja2.Environment(
             loader=jinja2.PackageLoader("ojs_adapters.web", "templates"), autoescape=True,
             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+        # ``tojson`` of a job's arguments: a datetime or UUID kombu decoded shows as its str
+        self.templates.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": str}
 
     @contextmanager
     def backend(self) -> Iterator[ConsoleBackend]:

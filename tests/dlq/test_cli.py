@@ -151,3 +151,41 @@ def test_dlq_reports_bad_connections_without_a_traceback() -> None:
                                "--max-age", "P1M"])
     assert age.exit_code == 1 and "Traceback" not in age.output
     assert "dlq" in runner.invoke(main, ["--help"]).output
+
+
+def test_dlq_show_prints_a_job_s_text_as_it_is() -> None:
+    """Error text is the job's, not rich markup: ``[/etc/app.conf]`` neither fails ``show``
+    nor vanishes from it; ``--json`` turns a value JSON has no type for into its str."""
+    global BROKER
+    with quiet(), make_env("stub", ojs=OjsRetries(store=MemoryRecordStore())) as env:
+        message = "cannot read [/etc/app.conf]: [type=int_parsing] [red]x[/red]"
+
+        def job() -> None:
+            raise JobError("config.Missing", message)
+
+        sent = dramatiq.actor(broker=env.broker, queue_name=env.queue,
+                              actor_name=f"markup_{env.queue}",
+                              retry_policy={"max_attempts": 1,
+                                            "on_exhaustion": "dead_letter"})(job).send()
+        env.start()
+        wait_for(lambda: _dead(env) == 1, "the dead letter")
+        BROKER = env.broker
+        try:
+            shown = CliRunner().invoke(main, ["dlq", "show", sent.message_id, "--framework",
+                                              "dramatiq", "--app", "tests.dlq.test_cli:BROKER"])
+        finally:
+            BROKER = None
+    assert shown.exit_code == 0, shown.output
+    assert message in shown.output
+
+
+def test_cli_json_shows_values_json_has_no_type_for_as_text(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from datetime import datetime, timezone
+    from uuid import UUID
+
+    from ojs_adapters.cli._io import print_json
+
+    print_json({"args": [datetime(2026, 11, 27, tzinfo=timezone.utc), UUID(int=1)]})
+    assert json.loads(capsys.readouterr().out) == {
+        "args": ["2026-11-27 00:00:00+00:00", "00000000-0000-0000-0000-000000000001"]}
