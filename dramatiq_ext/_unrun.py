@@ -42,16 +42,16 @@ def skipped_record(record: JobRecord, *, failed: bool) -> JobRecord:
 def end_skipped(message: MessageProxy, state: MessageState, records: Records,
                 started: JobRecord | None, fresh: JobRecord) -> None:
     """Save the record of a skipped delivery. ``started``: the ``active`` record admission
-    wrote (``None``: skipped before our hook, e.g. by ``AgeLimit``; then ``fresh``, unless
-    the store holds a later attempt, which this stale copy must not overwrite)."""
+    wrote (``None``: skipped before our hook, e.g. by ``AgeLimit``; then ``fresh``, only
+    over no record or an earlier attempt's: a stale copy of this attempt, its ack lost or
+    sent twice, must not end a job that finished or still runs)."""
     if started is None:
         stored = records.load(message.message_id)
-        if stored is not None and rank_of(stored) > rank_of(fresh):
-            return
+        if stored is not None and rank_of(stored) >= rank_of(fresh):
+            return  # this attempt, or a later one, is in hand elsewhere (or over): not ours
         started = fresh
-    records.save(skipped_record(started, failed=message.failed))
-    if message.failed:  # a dead letter appeared in .XQ: the on_dead_letter hooks hear of it
-        dead_lettered(message, state)
+    if records.save(skipped_record(started, failed=message.failed)) and message.failed:
+        dead_lettered(message, state)  # a dead letter appeared in .XQ: the hooks hear of it
 
 
 def given_back(message: MessageProxy) -> Pending:

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import MiddlewareError, SkipMessage
+from dramatiq.threading import Interrupt
 
 from dramatiq_ext import _ack_ride as ack_ride
 from dramatiq_ext._context import clear_current_job, set_current_job
@@ -197,7 +198,7 @@ class OjsRetries(RetriesSettings):
             if dead is not None:  # dead-lettered in place before the worker stuffed this
                 message.stuff_exception(dead)
             return
-        if exception is not None and not vars(message).get(ADMITTED):
+        if isinstance(exception, Interrupt) and not vars(message).get(ADMITTED):
             # Interrupted (a time limit, a shutdown) before admission let it run: no attempt.
             self.logger.warning("Message %r interrupted (%r) before it ran; given back unrun.",
                                 message.message_id, exception)

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from dramatiq.middleware import Callbacks, Middleware, Shutdown, SkipMessage
+from dramatiq.middleware import Callbacks, Middleware, MiddlewareError, Shutdown, SkipMessage
 
 from dramatiq_ext import get_job_record
 from dramatiq_ext import middleware as ojs_middleware
@@ -143,3 +143,47 @@ def test_no_time_limit_as_infinity_still_admits_a_redelivery(env: Env) -> None:
     record = env.record(sent.message_id)
     assert record is not None and (record.state, record.attempt) == ("completed", 1)
 
+
+
+def test_a_stale_copy_an_age_limit_skips_leaves_the_job_s_record_alone(env: Env) -> None:
+    """A copy of a finished attempt (its ack lost) skipped by ``AgeLimit`` before admission
+    is not the job's end: the record stays ``completed``, no dead letter is announced."""
+    calls: list[float] = []
+    sent = env.actor(lambda: calls.append(time.monotonic()), max_age=400).send()
+    env.start()
+    assert env.wait_record(sent.message_id).state == "completed"
+    time.sleep(0.6)  # the copy is older than max_age now
+    env.broker.enqueue(sent)
+    time.sleep(1.0)
+    record = env.record(sent.message_id)
+    assert record is not None
+    assert (record.state, record.outcome, record.dead_lettered) == ("completed", "completed",
+                                                                    False)
+    assert len(calls) == 1
+
+
+class Refuse(Middleware):
+    """Refuses every delivery with a ``MiddlewareError`` of its own, ahead of OjsRetries."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def before_process_message(self, broker: Any, message: Any) -> None:
+        if not (message.options.get("ojs") or {}).get("dead_letter"):
+            self.seen += 1
+            raise MiddlewareError("not now")
+
+
+def test_an_error_a_middleware_raises_before_admission_is_still_a_failed_attempt(
+        stub_env: Env) -> None:
+    """Only an interrupt is given back unrun: a middleware's own error counts an attempt,
+    as before, so the job ends by its policy instead of coming back for ever."""
+    refuse = Refuse()
+    stub_env.broker.add_middleware(refuse, before=Callbacks)
+    sent = stub_env.actor(lambda: None, retry_policy={
+        "max_attempts": 3, "initial_interval": "PT0.1S", "backoff_strategy": "none",
+        "on_exhaustion": "dead_letter"}).send()
+    stub_env.start()
+    record = stub_env.wait_record(sent.message_id)
+    assert (record.state, record.attempt, record.dead_lettered) == ("discarded", 3, True)
+    assert refuse.seen == 3
