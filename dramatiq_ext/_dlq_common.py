@@ -47,6 +47,28 @@ def dead_letter_of(message: Message[Any], *, key: str,
         last_replayed_at=state.last_replayed_at, key=key)
 
 
+#: Characters of an undecodable dead message's text kept in its listing.
+UNDECODABLE_TEXT = 10_000
+
+
+def decoded(raw: bytes) -> Message[Any] | None:
+    """The Dramatiq message in ``raw``; ``None`` for bytes that hold none (another
+    producer's message, which Dramatiq's consumer rejects into ``.XQ`` as it is)."""
+    try:
+        return Message.decode(raw)
+    except Exception:  # Dramatiq's DecodeError, or what its encoder raises on odd input
+        return None
+
+
+def undecodable_letter(raw: bytes, *, queue: str, key: str, at: datetime | None) -> DeadLetter:
+    """A dead message Dramatiq cannot decode, listed with its text (id: its ``key``) so that
+    it can be seen and deleted; a replay skips it, having no job to send."""
+    return DeadLetter(id=key, queue=queue, task_type="", error_type=None,
+                      dead_lettered_at=at or datetime.now(timezone.utc), attempt=0,
+                      payload={"undecodable_body": raw.decode("utf-8", "replace")[
+                          :UNDECODABLE_TEXT]}, key=key)
+
+
 def replay_message(message: Message[Any], mark: ReplayMark) -> Message[Any]:
     """The copy of a dead message that a replay sends: attempt 1, history kept, mark set."""
     state = MessageState.of(message.options)

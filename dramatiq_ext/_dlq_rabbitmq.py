@@ -29,7 +29,13 @@ from dramatiq.common import xq_name
 from dramatiq.message import Message
 from pika.exceptions import ChannelClosedByBroker
 
-from dramatiq_ext._dlq_common import JobRecords, dead_letter_of, replay_message
+from dramatiq_ext._dlq_common import (
+    JobRecords,
+    dead_letter_of,
+    decoded,
+    replay_message,
+    undecodable_letter,
+)
 from ojs_adapters.runtime.dlq import (
     MANAGEMENT_OFF,
     AmqpAddress,
@@ -56,8 +62,9 @@ class _Held(NamedTuple):
 
     tag: int
     key: str
-    message: Message[Any]
+    message: Message[Any] | None  # ``None``: bytes that hold no Dramatiq message
     at: datetime | None
+    body: bytes
 
 
 class RabbitmqDeadLetters:
@@ -99,7 +106,9 @@ class RabbitmqDeadLetters:
         letters: list[DeadLetter] = []
         for name in [queue] if queue else self.queues():
             with self._held(name) as (_channel, held):
-                letters += [dead_letter_of(h.message, key=h.key, at=h.at) for h in held]
+                letters += [dead_letter_of(h.message, key=h.key, at=h.at) if h.message
+                            else undecodable_letter(h.body, queue=name, key=h.key, at=h.at)
+                            for h in held]
         return letters
 
     def remove(self, letters: Sequence[DeadLetter]) -> int:
@@ -121,7 +130,7 @@ class RabbitmqDeadLetters:
             self._ensure(name)
             with self._held(name, transaction=True) as (channel, held):
                 for h in held:
-                    if h.key not in wanted:
+                    if h.key not in wanted or h.message is None:  # no job to send: stays
                         continue
                     letter, mark = wanted.pop(h.key)
                     self.records.mark(letter, mark)
@@ -250,10 +259,11 @@ def _take_all(channel: Any, queue: str) -> list[_Held]:
 
 
 def _delivery(method: Any, properties: Any, body: bytes) -> _Held:
-    message = Message.decode(body)
+    message = decoded(body)
     digest = hashlib.sha1(body, usedforsecurity=False).hexdigest()[:16]
-    return _Held(method.delivery_tag, f"{message.message_id}:{digest}", message,
-                 _death_time(properties))
+    name = "undecodable" if message is None else message.message_id
+    return _Held(method.delivery_tag, f"{name}:{digest}", message, _death_time(properties),
+                 body)
 
 
 def _death_time(properties: Any) -> datetime | None:

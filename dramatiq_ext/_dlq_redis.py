@@ -13,9 +13,13 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from dramatiq.message import Message
-
-from dramatiq_ext._dlq_common import JobRecords, dead_letter_of, replay_message
+from dramatiq_ext._dlq_common import (
+    JobRecords,
+    dead_letter_of,
+    decoded,
+    replay_message,
+    undecodable_letter,
+)
 from ojs_adapters.runtime.dlq import Coverage, DeadLetter, ReplayMark, glob_for
 
 #: Moves dead messages back to their queue, each only if it is still dead (so a
@@ -75,7 +79,9 @@ class RedisDeadLetters:
             for (raw_id, score), data in zip(pairs, datas, strict=True):
                 if data is not None:  # removed between the two reads
                     at = datetime.fromtimestamp(score / 1000, timezone.utc)
-                    letters.append(dead_letter_of(Message.decode(data), key=_text(raw_id), at=at))
+                    message, key = decoded(data), _text(raw_id)
+                    letters.append(undecodable_letter(data, queue=name, key=key, at=at)
+                                   if message is None else dead_letter_of(message, key=key, at=at))
         return letters
 
     def remove(self, letters: Sequence[DeadLetter]) -> int:
@@ -95,12 +101,13 @@ class RedisDeadLetters:
             args: list[str | bytes] = []
             datas = self.client.hmget(self._key(name, ".XQ.msgs"), [x.key for x in group])
             for letter, data in zip(group, datas, strict=True):
-                if data is None:  # gone: replayed or removed meanwhile
+                message = None if data is None else decoded(data)
+                if message is None:  # gone (replayed or removed meanwhile), or no job in it
                     continue
                 mark = marks[letter.key]
                 self.records.mark(letter, mark)
                 redis_id = str(uuid.uuid4())
-                copy = replay_message(Message.decode(data), mark)
+                copy = replay_message(message, mark)
                 copy = copy.copy(options={"redis_message_id": redis_id})
                 args += [letter.key, redis_id, copy.encode()]
             if args:

@@ -236,3 +236,34 @@ def test_replay_drops_the_last_runs_handoff_options(seen_env: Env) -> None:
     assert (state.attempt, state.replay_count) == (1, 1)
     assert [(e.attempt, e.type) for e in state.errors] == [(1, "net.Timeout"), (2, "net.Timeout")]
     assert seen[2]["idempotency_key"] == "order-7"
+
+
+@pytest.mark.broker
+def test_a_dead_message_dramatiq_cannot_decode_is_listed_and_deletable_not_in_the_way(
+        seen_env: Env) -> None:
+    """Another producer's bytes in ``.XQ`` (Dramatiq's consumer rejects them there) list as
+    an undecodable dead letter with their text: the queue's real dead letters still list,
+    replay and delete, and the stranger can be deleted; a replay leaves it where it is."""
+    env = seen_env
+    if env.kind == "stub":
+        pytest.skip("StubBroker keeps dead letters as decoded messages")
+    env.actor(lambda: None).send()  # declares the queue and its .XQ (no worker runs it)
+    garbage = b"\x00not a dramatiq message"
+    if env.kind == "redis":
+        env.redis.zadd(f"{env.namespace}:{env.queue}.XQ", {"stranger": 1_700_000_000_000})
+        env.redis.hset(f"{env.namespace}:{env.queue}.XQ.msgs", "stranger", garbage)
+    else:
+        env.broker.channel.basic_publish(exchange="", routing_key=f"{env.queue}.XQ",
+                                         body=garbage)
+    dlq = dead_letter_queue(env.broker, queues=[env.queue])
+    try:
+        wait_for(lambda: dlq.list(DeadLetterFilter(queue=env.queue)).total == 1, "the stranger")
+        [stranger] = dlq.list(DeadLetterFilter(queue=env.queue)).items
+        assert stranger.payload["undecodable_body"].endswith("not a dramatiq message")
+        report = dlq.replay([stranger.id])
+        assert report.replayed == () and report.skipped == (stranger.id,)
+        assert dlq.list(DeadLetterFilter(queue=env.queue)).total == 1
+        assert dlq.delete([stranger.id]) == 1
+        assert dlq.list(DeadLetterFilter(queue=env.queue)).total == 0
+    finally:
+        dlq.close()
