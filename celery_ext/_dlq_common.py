@@ -87,6 +87,15 @@ def dead_letter_queues(app: Any, queues: Sequence[str]) -> dict[str, str]:
     return {dead_letter_queue_name(q, t): q for t in reversed(templates) for q in names}
 
 
+def shared(dead: str, original: str, templates: Sequence[str]) -> bool:
+    """Whether dead-letter queue ``dead`` may hold other queues' dead letters than
+    ``original``'s: it is not ``original``'s own name under a template with ``{queue}``
+    (``ojs_dead_letter_queue="dead_letters"`` gathers every queue's). Its letters then go
+    back to the queue each one names, and a purge of one queue takes only that queue's."""
+    return not any("{queue}" in t and dead_letter_queue_name(original, t) == dead
+                   for t in templates)
+
+
 def dead_letter_of(*, body: bytes | str, content_type: str, content_encoding: str,
                    headers: Mapping[str, Any], properties: Mapping[str, Any], queue: str,
                    accept: Any = None) -> DeadLetter:

@@ -16,9 +16,8 @@ management API lists that fits one of the app's dead-letter templates.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any
 
 from kombu.entity import Queue
@@ -29,7 +28,13 @@ from celery_ext._dlq_common import (
     dead_letter_queues,
     dead_letter_templates,
     replay_headers,
+    shared,
 )
+from celery_ext._kombu_reads import close_channel as _close
+from celery_ext._kombu_reads import consume_all as _consume_all
+from celery_ext._kombu_reads import give_back as _give_back
+from celery_ext._kombu_reads import not_found as _not_found
+from celery_ext._kombu_reads import take_all as _take_all
 from ojs_adapters.runtime.dlq import (
     MANAGEMENT_OFF,
     AmqpAddress,
@@ -40,8 +45,6 @@ from ojs_adapters.runtime.dlq import (
     originals,
 )
 
-#: Longest wait, in seconds, for messages given back by an earlier operation.
-_SETTLE = 1.0
 #: Properties a replayed copy keeps from the dead message.
 _KEPT_PROPERTIES = ("priority", "correlation_id", "reply_to")
 
@@ -81,7 +84,13 @@ class KombuDeadLetters:
         return names
 
     def queues(self) -> list[str]:
-        return sorted(set(self._names().values()))
+        templates, found = dead_letter_templates(self.app), set()
+        for dead, original in self._names().items():
+            found.add(original)
+            if shared(dead, original, templates):  # the queues its letters name, too
+                with self._held(dead) as (_channel, held):
+                    found.update(self._letter(m, original).queue for m in held)
+        return sorted(found)
 
     def coverage(self) -> Coverage:
         if self._coverage is None:
@@ -91,16 +100,23 @@ class KombuDeadLetters:
 
     def scan(self, queue: str | None = None) -> list[DeadLetter]:
         letters: list[DeadLetter] = []
+        templates = dead_letter_templates(self.app)
         for dead, original in self._names().items():
-            if queue in (None, original):
+            if queue in (None, original) or shared(dead, original, templates):
                 with self._held(dead) as (_channel, held):
                     letters += [self._letter(m, original) for m in held]
-        return letters
+        return [x for x in letters if queue in (None, x.queue)]  # a shared queue: each its own
+
+    def _holds(self, dead: str, original: str, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+        """Those of ``letters`` that dead-letter queue ``dead`` (of ``original``) may hold."""
+        if shared(dead, original, dead_letter_templates(self.app)):
+            return list(letters)
+        return [x for x in letters if x.queue == original]
 
     def remove(self, letters: Sequence[DeadLetter]) -> int:
         removed = 0
         for dead, original in self._names().items():
-            wanted = {x.key for x in letters if x.queue == original}
+            wanted = {x.key for x in self._holds(dead, original, letters)}
             if not wanted:
                 continue
             with self._held(dead) as (_channel, held):
@@ -115,10 +131,12 @@ class KombuDeadLetters:
     def requeue(self, moves: Sequence[tuple[DeadLetter, ReplayMark]]) -> list[str]:
         moved: list[str] = []
         for dead, original in self._names().items():
-            wanted = {x.key: (x, m) for x, m in moves if x.queue == original}
+            held_here = {x.key for x in self._holds(dead, original, [x for x, _ in moves])}
+            wanted = {x.key: (x, m) for x, m in moves if x.key in held_here}
             if not wanted:
                 continue
-            self._ensure(original)
+            for target in sorted({x.queue for x, _ in wanted.values()}):
+                self._ensure(target)
             with self._held(dead, transaction=self._amqp) as (channel, held):
                 for message in held:
                     key = self._letter(message, original).key
@@ -126,15 +144,22 @@ class KombuDeadLetters:
                         continue
                     letter, mark = wanted.pop(key)
                     self.records.mark(letter, mark)
-                    self._publish(channel, message, original, mark)
+                    self._publish(channel, message, letter.queue, mark)  # the queue it names
                     message.ack()
                     moved.append(letter.id)
         return moved
 
     def clear(self, queue: str) -> int:
         removed = 0
+        templates = dead_letter_templates(self.app)
         for dead, original in self._names().items():
-            if original == queue:
+            if shared(dead, original, templates):  # only ``queue``'s letters go
+                with self._held(dead) as (_channel, held):
+                    for message in held:
+                        if self._letter(message, original).queue == queue:
+                            message.ack()
+                            removed += 1
+            elif original == queue:
                 channel = self._conn.channel()
                 try:
                     removed += int(Queue(dead, channel=channel).purge() or 0)  # type: ignore[no-untyped-call]
@@ -219,63 +244,3 @@ class KombuDeadLetters:
             if not finished and not transaction:
                 _give_back(held)
             _close(channel)
-
-
-def _take_all(channel: Any, name: str, held: list[Any]) -> None:
-    """Take every message of queue ``name`` into ``held``.
-
-    A message another channel just gave back may reach the queue a moment after
-    that channel closed: until the count read at the start is reached, an empty
-    read is retried for up to ``_SETTLE`` seconds.
-    """
-    queue: Any = Queue(name, channel=channel, no_declare=True)  # type: ignore[no-untyped-call]
-    count = queue.queue_declare(passive=True).message_count
-    deadline = time.monotonic() + _SETTLE
-    while True:
-        message = queue.get(no_ack=False, accept=None)
-        if message is not None:
-            held.append(message)
-        elif len(held) >= count or time.monotonic() > deadline:
-            return
-        else:
-            time.sleep(0.02)
-
-
-def _consume_all(conn: Any, channel: Any, name: str, held: list[Any]) -> None:
-    """AMQP: take what ``name`` holds through a consumer (many times faster than gets).
-
-    Prefetch is the count read at the start, so nothing beyond it is delivered;
-    ``_take_all`` then gets whatever became ready meanwhile.
-    """
-    count = int(channel.queue_declare(queue=name, passive=True).message_count)
-    if not count:
-        return
-    channel.basic_qos(0, min(count, 65535), False)
-    tag = channel.basic_consume(
-        queue=name, no_ack=False,
-        callback=lambda raw: held.append(channel.message_to_python(raw)))
-    try:
-        while len(held) < count:
-            conn.drain_events(timeout=_SETTLE)
-    except TimeoutError:  # fewer than counted: expired, or taken by another reader
-        pass
-    finally:
-        channel.basic_cancel(tag)
-
-
-def _give_back(held: list[Any]) -> None:
-    for message in held:
-        if not message.acknowledged:
-            message.reject(requeue=True)
-
-
-def _not_found(exc: Exception) -> bool:
-    """A missing queue: AMQP 404, or a virtual transport's ``NOT_FOUND``."""
-    text = str(exc).lower()
-    return getattr(exc, "code", None) == 404 or getattr(exc, "reply_code", None) == 404 \
-        or "not_found" in text or "not found" in text
-
-
-def _close(channel: Any) -> None:
-    with suppress(Exception):  # already closed by a broker error
-        channel.close()

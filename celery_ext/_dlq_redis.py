@@ -22,6 +22,7 @@ from celery_ext._dlq_common import (
     dead_letter_queues,
     dead_letter_templates,
     replay_headers,
+    shared,
 )
 from ojs_adapters.runtime.dlq import Coverage, DeadLetter, ReplayMark, glob_for, originals
 
@@ -92,11 +93,19 @@ class RedisDeadLetters:
         return found
 
     def queues(self) -> list[str]:
-        return sorted(set(self._names().values()))
+        templates, found = dead_letter_templates(self.app), set()
+        for dead, original in self._names().items():
+            found.add(original)
+            if shared(dead, original, templates):  # the queues its letters name, too
+                found.update(self._letter(e, original).queue for e in self._envelopes(dead))
+        return sorted(found)
 
     def scan(self, queue: str | None = None) -> list[DeadLetter]:
-        return [self._letter(e, original) for dead, original in self._names().items()
-                if queue in (None, original) for e in self._envelopes(dead)]
+        templates = dead_letter_templates(self.app)
+        letters = [self._letter(e, original) for dead, original in self._names().items()
+                   if queue in (None, original) or shared(dead, original, templates)
+                   for e in self._envelopes(dead)]
+        return [x for x in letters if queue in (None, x.queue)]  # a shared list: each its own
 
     def remove(self, letters: Sequence[DeadLetter]) -> int:
         wanted = {x.key for x in letters}
@@ -116,9 +125,10 @@ class RedisDeadLetters:
                 if letter is None or mark is None:
                     continue
                 self.records.mark(letter, mark)
-                copy = self._copy(envelope.data, original, mark)
+                # back to the queue the letter names (its own list's, unless that is shared)
+                copy = self._copy(envelope.data, letter.queue, mark)
                 target = self.prefix + self.channel._q_for_pri(
-                    original, self.channel._get_message_priority(copy, reverse=False))
+                    letter.queue, self.channel._get_message_priority(copy, reverse=False))
                 if self._move(keys=[envelope.key, target],
                               args=[envelope.raw, json.dumps(copy)]):
                     moved.append(letter.id)
@@ -126,8 +136,13 @@ class RedisDeadLetters:
 
     def clear(self, queue: str) -> int:
         removed = 0
+        templates = dead_letter_templates(self.app)
         for dead, original in self._names().items():
-            if original == queue:
+            if shared(dead, original, templates):  # only ``queue``'s letters go
+                for envelope in self._envelopes(dead):
+                    if self._letter(envelope, original).queue == queue:
+                        removed += int(self.client.lrem(envelope.key, 1, envelope.raw))
+            elif original == queue:
                 keys = list(dict.fromkeys(self._lists(dead)))
                 with self.client.pipeline(transaction=True) as pipe:
                     for key in keys:
