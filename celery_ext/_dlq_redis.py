@@ -68,10 +68,12 @@ class RedisDeadLetters:
     def _names(self) -> dict[str, str]:
         names = dead_letter_queues(self.app, self.extra)
         templates = dead_letter_templates(self.app)
+        sep = self.channel.sep  # kombu's priority lists: ``<queue><sep><priority>``
         for pattern in self._patterns(templates):
-            keys = self.client.scan_iter(match=pattern, count=1000, _type="list")
-            found = originals([k.decode()[len(self.prefix):] for k in keys], templates)
-            names = {**found, **names}
+            keys = [*self.client.scan_iter(match=pattern, count=1000, _type="list"),
+                    *self.client.scan_iter(match=pattern + sep + "*", count=1000, _type="list")]
+            bare = {k.decode()[len(self.prefix):].split(sep)[0] for k in keys}
+            names = {**originals(sorted(bare), templates), **names}
         return names
 
     def _patterns(self, templates: list[str]) -> list[str]:

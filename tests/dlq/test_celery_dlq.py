@@ -336,3 +336,23 @@ def test_one_dead_letter_queue_for_every_queue_keeps_each_letter_s_own_queue(nam
             task.apply_async((0,), queue=first)
     finally:
         broker.cleanup(app)
+
+
+@pytest.mark.broker
+def test_redis_finds_dead_letters_kept_only_in_a_priority_list(jobs: Jobs) -> None:
+    """kombu keeps a message with a priority in ``<queue><sep><priority>``: an app that does
+    not know the queue (``--broker`` alone) still finds a dead-letter queue holding only those."""
+    if jobs.broker.name != "redis":
+        pytest.skip("only Redis splits a queue into priority lists")
+    queue = jobs.free.pop()
+    jobs.tasks[0].apply_async((4,), queue=queue, priority=5)
+    wait_for(lambda: jobs.size([f"{queue}.dead_letter"]) == 1, "the dead letter")
+    bare = Celery("bare", broker=jobs.broker.url, set_as_current=False)
+    bare.conf.broker_transport_options = jobs.broker.transport_options()
+    dlq = dead_letter_queue(bare)
+    try:
+        found = dlq.list(DeadLetterFilter(queue=queue))
+        assert found.total == 1 and found.items[0].queue == queue
+        assert queue in dlq.queues()
+    finally:
+        dlq.close()
