@@ -246,9 +246,12 @@ def replay(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
     _tell(note)
     if as_json:
         print_json({"replayed": list(report.replayed), "skipped": list(report.skipped)})
-        return
-    click.echo(f"replayed {len(report.replayed)} dead letters"
-               + (f"; skipped {len(report.skipped)} no longer dead" if report.skipped else ""))
+    else:
+        click.echo(f"replayed {len(report.replayed)} dead letters" + (
+            f"; skipped {len(report.skipped)} not (or no longer) dead letters here"
+            if report.skipped else ""))
+    if job_ids and report.skipped:  # a script must tell a typo from a replay
+        raise click.exceptions.Exit(1)
 
 
 @dlq.command()
@@ -268,6 +271,8 @@ def delete(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
         note = _partial(queue_, queue, app)
     _tell(note)
     print_json({"deleted": removed}) if as_json else click.echo(f"deleted {removed}")
+    if job_ids and not removed:  # none of the ids named a dead letter here
+        raise click.exceptions.Exit(1)
 
 
 @dlq.command()

@@ -122,7 +122,11 @@ def test_dlq_verbs_list_show_replay_delete_prune_purge(setup: Setup) -> None:
     setup.healed.set()
     replayed = setup.json("replay", ids[0], ids[1])
     assert replayed == {"replayed": ids[:2], "skipped": []}
-    assert setup.json("replay", ids[0])["skipped"] == [ids[0]]
+    again = setup.run("replay", ids[0], "--json")  # no longer dead: said, and exit 1
+    assert again.exit_code == 1 and json.loads(again.stdout)["skipped"] == [ids[0]]
+    typo = setup.run("replay", "no-such-job")
+    assert typo.exit_code == 1 and "skipped 1 not (or no longer) dead" in typo.output
+    assert setup.run("delete", "no-such-job").exit_code == 1
     wait_for(lambda: len(setup.done) == 2, "the two replayed jobs to succeed")
 
     assert setup.json("delete", ids[2]) == {"deleted": 1}
