@@ -93,16 +93,19 @@ async def act_on_letters(request: Request) -> Response:
             dlq = backend.dead_letters
             if ids:
                 selection = DeadLetterFilter(queue=filters.queue, ids=frozenset(ids))
-            else:
-                if backend.letters(filters, per_page=1).total != expected:
-                    return "changed", 0
-                selection = filters
+                if action == "replay":
+                    return "replayed", len(dlq.replay(selection).replayed)
+                return "deleted", dlq.delete(selection)
+            # "all N": exactly the N counted, not one that arrived since the page was shown
+            counted = backend.letters(filters, per_page=max(expected, 1))
+            if counted.total != expected:
+                return "changed", 0
             if action == "replay":
-                return "replayed", len(dlq.replay(selection, limit=None if ids else expected)
-                                       .replayed)
-            if selection.is_empty:
-                return "deleted", dlq.purge()
-            return "deleted", dlq.delete(selection)
+                return "replayed", len(dlq.replay(filters, limit=expected).replayed)
+            if not counted.items:
+                return "deleted", 0
+            return "deleted", dlq.delete(DeadLetterFilter(
+                queue=filters.queue, ids=frozenset(x.id for x in counted.items)))
 
     notice, count = await run_in_threadpool(act)
     audit(who, _client(request), f"dead-letters.{action}", framework=console.settings.framework,

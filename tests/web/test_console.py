@@ -6,6 +6,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -259,3 +260,23 @@ def test_the_dead_letter_hook_is_called_with_no_arguments_dramatiq() -> None:
         "dramatiq", message.message_id, "default.XQ")
     assert event.letter.error_type == "RuntimeError" and event.letter.payload == {}
     assert "4111" not in repr(event)
+
+
+def test_a_bulk_delete_takes_only_the_letters_it_counted(backend: FakeBackend) -> None:
+    """A dead letter that arrives between the count and the delete is not deleted with them."""
+    client = client_for(backend, auth=lambda request: "host-user")
+    token = csrf_of(client.get("/confirm?action=delete&error=net.*").text)
+    counted = backend.letters
+
+    def count_then_one_arrives(filters: DeadLetterFilter, **kwargs: Any) -> Page:
+        page = counted(filters, **kwargs)
+        backend.letters = counted  # type: ignore[method-assign]  # once
+        backend.store.add(replace(page.items[0], id="late", key="late"))
+        return page
+
+    backend.letters = count_then_one_arrives  # type: ignore[method-assign]
+    done = client.post("/actions/dead-letters",
+                       data={"action": "delete", "error": "net.*", "expected": "1",
+                             "csrf": token})
+    assert "Deleted 1 dead letter" in done.text
+    assert [x.id for x in backend.dead_letters.list().items] == ["late"]
