@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -23,6 +24,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from celery_ext._deadletter import DEAD_LETTER_HEADER
+from celery_ext._dlq_common import dead_letter_templates, shared
 from celery_ext._dlq_redis import RedisDeadLetters, _Envelope
 from celery_ext._headers import HEADER, HeaderState
 from celery_ext._parking import prefix_of
@@ -90,7 +92,16 @@ class CeleryConsole:
         return LetterDetails(shown, policy, state.idempotency_key,
                              {"args": payload.get("args"), "kwargs": payload.get("kwargs")})
 
+    def _one_queue_each(self) -> bool:
+        """Whether each dead-letter queue holds one queue's letters (the broker-side counts
+        and slices hold); a queue several share is read letter by letter, as the store does."""
+        templates = dead_letter_templates(self.app)
+        names: dict[str, str] = self.dead_letters.store._names()  # type: ignore[attr-defined]
+        return not any(shared(dead, original, templates) for dead, original in names.items())
+
     def depths(self) -> dict[str, int]:
+        if not self._one_queue_each():
+            return dict(Counter(x.queue for x in self.dead_letters.store.scan()))
         if self._redis is None:
             return _amqp_depths(self.app, self.dead_letters)
         out: dict[str, int] = {}
@@ -102,7 +113,7 @@ class CeleryConsole:
         return out
 
     def letters(self, filters: DeadLetterFilter, *, page: int = 1, per_page: int = 50) -> Page:
-        if self._redis is None:
+        if self._redis is None or not self._one_queue_each():
             return self.dead_letters.list(filters, page=page, per_page=per_page)
         start = (page - 1) * per_page
         lists = self._lists(filters.queue)
@@ -121,7 +132,7 @@ class CeleryConsole:
 
     def letter(self, job_id: str, queue: str | None = None,
                key: str | None = None) -> DeadLetter | None:
-        if self._redis is None:
+        if self._redis is None or not self._one_queue_each():
             return self.dead_letters.show(job_id)
         found = None
         for list_key, raw, original in self._scan(self._lists(queue), [job_id.encode()]):

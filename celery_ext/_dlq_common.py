@@ -84,7 +84,8 @@ def dead_letter_queues(app: Any, queues: Sequence[str]) -> dict[str, str]:
     templates = dead_letter_templates(app)
     names = app_queues(app) | set(queues)
     names -= set(originals(names, templates))  # a dead-letter queue has none of its own
-    return {dead_letter_queue_name(q, t): q for t in reversed(templates) for q in names}
+    # sorted: a name several queues share maps to the same one on every run
+    return {dead_letter_queue_name(q, t): q for t in reversed(templates) for q in sorted(names)}
 
 
 def shared(dead: str, original: str, templates: Sequence[str]) -> bool:
@@ -92,6 +93,8 @@ def shared(dead: str, original: str, templates: Sequence[str]) -> bool:
     ``original``'s: it is not ``original``'s own name under a template with ``{queue}``
     (``ojs_dead_letter_queue="dead_letters"`` gathers every queue's). Its letters then go
     back to the queue each one names, and a purge of one queue takes only that queue's."""
+    if any("{queue}" not in t and t == dead for t in templates):
+        return True  # a fixed name, though it may look like a queue's own
     return not any("{queue}" in t and dead_letter_queue_name(original, t) == dead
                    for t in templates)
 

@@ -64,6 +64,8 @@ class RedisDeadLetters:
         self.prefix: str = self.channel.global_keyprefix or ""
         self.client = redis.Redis(connection_pool=self.channel.pool)  # keys prefixed by hand
         self._move = self.client.register_script(_MOVE)
+        #: The list keys a scan found per dead-letter queue (priority lists included).
+        self._found: dict[str, set[str]] = {}
 
     def _names(self) -> dict[str, str]:
         names = dead_letter_queues(self.app, self.extra)
@@ -72,8 +74,10 @@ class RedisDeadLetters:
         for pattern in self._patterns(templates):
             keys = [*self.client.scan_iter(match=pattern, count=1000, _type="list"),
                     *self.client.scan_iter(match=pattern + sep + "*", count=1000, _type="list")]
-            bare = {k.decode()[len(self.prefix):].split(sep)[0] for k in keys}
-            names = {**originals(sorted(bare), templates), **names}
+            for key in keys:  # read as found: the workers' priority steps may not be ours
+                name = key.decode()[len(self.prefix):]
+                self._found.setdefault(name.split(sep)[0], set()).add(self.prefix + name)
+            names = {**originals(sorted(self._found), templates), **names}
         return names
 
     def _patterns(self, templates: list[str]) -> list[str]:
@@ -85,7 +89,8 @@ class RedisDeadLetters:
                         f"every Redis list matching {patterns}, and the app's queues")
 
     def _lists(self, dead: str) -> list[str]:
-        return [self.prefix + self.channel._q_for_pri(dead, p) for p in self.channel.priority_steps]
+        ours = [self.prefix + self.channel._q_for_pri(dead, p) for p in self.channel.priority_steps]
+        return list(dict.fromkeys([*ours, *sorted(self._found.get(dead, ()))]))
 
     def _envelopes(self, dead: str) -> list[_Envelope]:
         found: list[_Envelope] = []

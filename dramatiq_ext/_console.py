@@ -24,6 +24,7 @@ from typing import Any
 from dramatiq.common import xq_name
 from dramatiq.message import Message
 
+from dramatiq_ext._dlq_common import decoded, undecodable_letter
 from dramatiq_ext._dlq_rabbitmq import RabbitmqDeadLetters
 from dramatiq_ext._dlq_redis import RedisDeadLetters
 from dramatiq_ext._options import KEY_OPTION
@@ -190,10 +191,14 @@ class DramatiqConsole:
             else:  # HSCAN cannot match values: read the hash a chunk at a time
                 pairs = client.hscan_iter(self._key(name) + ".msgs", count=CHUNK)
             for redis_id, data in pairs:
-                if data is None or job_id.encode() not in data:
+                own = _text(redis_id) == job_id  # an undecodable one is listed by its key
+                if data is None or not (own or job_id.encode() in data):
                     continue
-                message = Message.decode(data)
-                if message.message_id == job_id:
+                message = decoded(data)
+                if message is None:
+                    if own:
+                        found.append(undecodable_letter(data, queue=name, key=job_id, at=None))
+                elif message.message_id == job_id:
                     score = client.zscore(self._key(name), redis_id)
                     at = datetime.fromtimestamp(score / 1000, timezone.utc) if score else None
                     found.append(dead_letter_of(message, key=_text(redis_id), at=at))
@@ -218,7 +223,9 @@ class DramatiqConsole:
             data = datas.get((queue, key))
             if data is not None:  # removed between the two reads
                 at = datetime.fromtimestamp(score / 1000, timezone.utc)
-                out.append(dead_letter_of(Message.decode(data), key=key, at=at))
+                message = decoded(data)
+                out.append(undecodable_letter(data, queue=queue, key=key, at=at)
+                           if message is None else dead_letter_of(message, key=key, at=at))
         return out
 
 
@@ -261,8 +268,14 @@ def _passes(data: bytes, filters: DeadLetterFilter) -> bool:
 
 
 def _may_match(data: bytes, filters: DeadLetterFilter) -> bool:
-    """The filter on actor, error type and ids, from the message JSON alone."""
-    message = json.loads(data)
+    """The filter on actor, error type and ids, from the message JSON alone (bytes that
+    hold no JSON object, another producer's, match nothing a filter names)."""
+    try:
+        message = json.loads(data)
+    except ValueError:
+        return False
+    if not isinstance(message, dict):
+        return False
     errors = ((message.get("options") or {}).get("ojs") or {}).get("errors") or []
     last = errors[-1] if errors and isinstance(errors[-1], Mapping) else {}
     probe = DeadLetter(id=str(message.get("message_id")), queue="",

@@ -10,6 +10,7 @@ gets a 403, and every action is audited (who, what; never arguments).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -104,8 +105,10 @@ async def act_on_letters(request: Request) -> Response:
                 return "replayed", len(dlq.replay(filters, limit=expected).replayed)
             if not counted.items:
                 return "deleted", 0
-            return "deleted", dlq.delete(DeadLetterFilter(
-                queue=filters.queue, ids=frozenset(x.id for x in counted.items)))
+            # the operator's filter still applies: another letter of one of these jobs (a
+            # task id used twice) that it leaves out stays
+            return "deleted", dlq.delete(replace(filters, ids=frozenset(
+                x.id for x in counted.items)))
 
     notice, count = await run_in_threadpool(act)
     audit(who, _client(request), f"dead-letters.{action}", framework=console.settings.framework,

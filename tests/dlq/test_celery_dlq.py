@@ -17,6 +17,8 @@ from celery.worker import state as worker_state
 from click.testing import CliRunner
 
 from celery_ext import DEAD_LETTER_HEADER, HEADER, OjsTask, get_job_record
+from celery_ext._console import CeleryConsole
+from celery_ext._dlq_common import shared
 from celery_ext._handoff import TOKEN_HEADER
 from celery_ext._headers import HeaderState
 from celery_ext.dlq import (
@@ -322,6 +324,10 @@ def test_one_dead_letter_queue_for_every_queue_keeps_each_letter_s_own_queue(nam
                 wait_for(lambda: dlq.list().total == 3, "three dead letters in one queue")
                 assert dlq.list(DeadLetterFilter(queue=first)).total == 2
                 assert dlq.list(DeadLetterFilter(queue=second)).total == 1
+                console = CeleryConsole(dlq)  # its broker-side reads, too
+                assert console.depths() == {first: 2, second: 1}
+                [theirs] = console.letters(DeadLetterFilter(queue=second)).items
+                assert console.letter(theirs.id, second, theirs.key) is not None
                 healed.set()
                 assert len(dlq.replay(DeadLetterFilter(queue=first)).replayed) == 2
                 wait_for(lambda: len(ran) == 2, "the two replayed jobs to run")
@@ -341,14 +347,17 @@ def test_one_dead_letter_queue_for_every_queue_keeps_each_letter_s_own_queue(nam
 @pytest.mark.broker
 def test_redis_finds_dead_letters_kept_only_in_a_priority_list(jobs: Jobs) -> None:
     """kombu keeps a message with a priority in ``<queue><sep><priority>``: an app that does
-    not know the queue (``--broker`` alone) still finds a dead-letter queue holding only those."""
+    not know the queue or the workers' priority steps (``--broker`` alone) still finds and
+    reads a dead-letter queue holding only those."""
     if jobs.broker.name != "redis":
         pytest.skip("only Redis splits a queue into priority lists")
     queue = jobs.free.pop()
     jobs.tasks[0].apply_async((4,), queue=queue, priority=5)
     wait_for(lambda: jobs.size([f"{queue}.dead_letter"]) == 1, "the dead letter")
     bare = Celery("bare", broker=jobs.broker.url, set_as_current=False)
-    bare.conf.broker_transport_options = jobs.broker.transport_options()
+    # its own priority steps, not the workers': the lists are read as found
+    bare.conf.broker_transport_options = {**jobs.broker.transport_options(),
+                                          "priority_steps": [0, 9]}
     dlq = dead_letter_queue(bare)
     try:
         found = dlq.list(DeadLetterFilter(queue=queue))
@@ -356,3 +365,13 @@ def test_redis_finds_dead_letters_kept_only_in_a_priority_list(jobs: Jobs) -> No
         assert queue in dlq.queues()
     finally:
         dlq.close()
+
+
+def test_a_fixed_dead_letter_queue_name_is_shared_even_if_it_looks_like_a_queue_s_own() -> None:
+    """A task's literal ``dead_letter_queue="a.dead_letter"`` gathers other queues' dead
+    letters into what looks like queue ``a``'s own: each still keeps its own queue."""
+    templates = ["{queue}.dead_letter", "a.dead_letter"]
+    assert shared("a.dead_letter", "a", templates)
+    assert not shared("b.dead_letter", "b", templates)
+    assert not shared("b.dead_letter", "b", ["{queue}.dead_letter"])
+    assert shared("dead_letters", "b", ["{queue}.dead_letter", "dead_letters"])

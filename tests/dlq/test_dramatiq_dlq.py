@@ -14,6 +14,7 @@ import pytest
 from dramatiq.middleware import CurrentMessage
 
 from dramatiq_ext import MemoryRecordStore, OjsRetries
+from dramatiq_ext._console import DramatiqConsole
 from dramatiq_ext._handoff import TOKEN_OPTION
 from dramatiq_ext._state import MessageState
 from dramatiq_ext.dlq import JobRecords, dead_letter_queue
@@ -260,6 +261,12 @@ def test_a_dead_message_dramatiq_cannot_decode_is_listed_and_deletable_not_in_th
         wait_for(lambda: dlq.list(DeadLetterFilter(queue=env.queue)).total == 1, "the stranger")
         [stranger] = dlq.list(DeadLetterFilter(queue=env.queue)).items
         assert stranger.payload["undecodable_body"].endswith("not a dramatiq message")
+        console = DramatiqConsole(dlq)  # the console's own broker-side reads, too
+        for filters in (DeadLetterFilter(queue=env.queue),
+                        DeadLetterFilter(queue=env.queue, task_type="x*")):
+            console.letters(filters)
+        assert console.letters(DeadLetterFilter(queue=env.queue)).total == 1
+        assert console.letter(stranger.id, env.queue, stranger.key) is not None
         report = dlq.replay([stranger.id])
         assert report.replayed == () and report.skipped == (stranger.id,)
         assert dlq.list(DeadLetterFilter(queue=env.queue)).total == 1
