@@ -17,7 +17,6 @@ from celery.worker import state as worker_state
 from click.testing import CliRunner
 
 from celery_ext import DEAD_LETTER_HEADER, HEADER, OjsTask, get_job_record
-from celery_ext._console import CeleryConsole
 from celery_ext._dlq_common import shared
 from celery_ext._handoff import TOKEN_HEADER
 from celery_ext._headers import HeaderState
@@ -126,7 +125,7 @@ def worker(request: pytest.FixtureRequest) -> Iterator[Jobs]:
     app = broker.make_app(f"ojs-dlq-{broker.name}")
     # A default queue of its own: the shared broker's celery.dead_letter is not this test's.
     app.conf.task_default_queue = broker.queue_name("default")
-    queues = [broker.queue_name(f"d{i}") for i in range(5)]
+    queues = [broker.queue_name(f"d{i}") for i in range(8)]  # each test takes its own
     made = Jobs(broker, app, list(queues))
     quiet = [logging.getLogger(n) for n in ("celery", "celery_ext", "ojs_adapters")]
     levels = [x.level for x in quiet]
@@ -292,56 +291,6 @@ def test_replay_headers_restart_the_job_and_keep_its_history() -> None:
                             content_encoding="utf-8", headers=headers, properties={}, queue="q")
     assert letter.payload["embed"] == {"undecodable_body": "not json"}
     assert (letter.attempt, letter.replay_count, letter.error_type) == (2, 1, "E")
-
-
-@pytest.mark.broker
-@pytest.mark.parametrize("name", ["memory", "redis", "amqp"])
-def test_one_dead_letter_queue_for_every_queue_keeps_each_letter_s_own_queue(name: str) -> None:
-    """``ojs_dead_letter_queue`` without ``{queue}`` gathers every queue's dead letters in
-    one: each is listed under, replayed to and purged with the queue it came from."""
-    broker = broker_named(name)
-    app = broker.make_app(f"ojs-dlq-shared-{name}")
-    first, second = broker.queue_name("a"), broker.queue_name("b")
-    app.conf.task_default_queue = first
-    app.conf.ojs_dead_letter_queue = shared = broker.queue_name("all") + ".dead"
-    broker.created.append(shared)
-    healed, ran = threading.Event(), []
-
-    def job(task: Any, n: int) -> None:
-        if not healed.is_set():
-            raise JobError("net.Timeout", f"job {n}")
-        ran.append((n, task.request.delivery_info.get("routing_key")))
-
-    task = app.task(job, shared=False, base=OjsTask, bind=True, retry_policy=POLICY,
-                    name=f"{app.main}.job")
-    try:
-        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                          queues=[first, second], loglevel="CRITICAL", shutdown_timeout=30):
-            for n, queue in ((1, first), (2, first), (3, second)):
-                task.apply_async((n,), queue=queue)
-            dlq = dead_letter_queue(app, queues=[first, second])
-            try:
-                wait_for(lambda: dlq.list().total == 3, "three dead letters in one queue")
-                assert dlq.list(DeadLetterFilter(queue=first)).total == 2
-                assert dlq.list(DeadLetterFilter(queue=second)).total == 1
-                console = CeleryConsole(dlq)  # its broker-side reads, too
-                assert console.depths() == {first: 2, second: 1}
-                [theirs] = console.letters(DeadLetterFilter(queue=second)).items
-                assert console.letter(theirs.id, second, theirs.key) is not None
-                healed.set()
-                assert len(dlq.replay(DeadLetterFilter(queue=first)).replayed) == 2
-                wait_for(lambda: len(ran) == 2, "the two replayed jobs to run")
-                assert sorted(ran) == [(1, first), (2, first)]
-                assert dlq.purge(DeadLetterFilter(queue=first)) == 0  # not the other's
-                assert dlq.list().total == 1
-                assert dlq.purge(DeadLetterFilter(queue=second)) == 1
-                assert dlq.list().total == 0
-            finally:
-                dlq.close()
-            worker_state.should_terminate = 0
-            task.apply_async((0,), queue=first)
-    finally:
-        broker.cleanup(app)
 
 
 @pytest.mark.broker
