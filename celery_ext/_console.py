@@ -1,15 +1,15 @@
 """The console's view of a Celery app (``ojs_adapters.runtime.browse``; entry point ``console``).
 
 Dead letters come from ``celery_ext.dlq`` (the ``ojs-retry dlq`` API, which replays
-and deletes). On Redis, pages are read on the broker: the ``<queue>.dead_letter``
-lists are in dead-lettering order (kombu pushes on the left), so a page is one
-``LRANGE`` per list it spans, counts are ``LLEN``, and only the page is decoded.
-A filter on task, error type or date reads the lists a ``CHUNK`` at a time, keeps
-what holds the filter's literal text, reads the fields it needs from the raw
-envelopes (``_passes``) and decodes only the page. Pages list
-queue by queue (sorted), oldest first within a queue. On RabbitMQ a queue cannot be
-read without taking it: pages come from the ``DeadLetters`` listing, depths from
-passive declares.
+and deletes). On Redis, pages are read on the broker: the ``<queue>.dead_letter`` lists
+are in dead-lettering order (kombu pushes on the left), so a page is one ``LRANGE`` per
+list it spans, counts are ``LLEN``, and only the page is decoded. A filter on task, error
+type or date reads the lists a ``CHUNK`` at a time, keeps what holds the filter's literal
+text, reads the fields it needs from the raw envelopes (``_passes``) and decodes only the
+page. Pages list queue by queue (sorted), oldest first within a queue. On RabbitMQ a queue
+cannot be read without taking it: pages come from the ``DeadLetters`` listing, depths from
+passive declares. A dead-letter queue several queues share (``_dlq_common.shared``) is
+read letter by letter, as the store does: its lists and counts are no one queue's.
 """
 
 from __future__ import annotations
@@ -92,20 +92,19 @@ class CeleryConsole:
         return LetterDetails(shown, policy, state.idempotency_key,
                              {"args": payload.get("args"), "kwargs": payload.get("kwargs")})
 
-    def _one_queue_each(self) -> bool:
-        """Whether each dead-letter queue holds one queue's letters (the broker-side counts
-        and slices hold); a queue several share is read letter by letter, as the store does."""
+    def _any_shared(self, names: Mapping[str, str]) -> bool:
+        """Whether a dead-letter queue of ``names`` holds several queues' letters."""
         templates = dead_letter_templates(self.app)
-        names: dict[str, str] = self.dead_letters.store._names()  # type: ignore[attr-defined]
-        return not any(shared(dead, original, templates) for dead, original in names.items())
+        return any(shared(dead, original, templates) for dead, original in names.items())
 
     def depths(self) -> dict[str, int]:
-        if not self._one_queue_each():
+        names: dict[str, str] = self.dead_letters.store._names()  # type: ignore[attr-defined]
+        if self._any_shared(names):
             return dict(Counter(x.queue for x in self.dead_letters.store.scan()))
         if self._redis is None:
-            return _amqp_depths(self.app, self.dead_letters)
+            return _amqp_depths(self.app, names)
         out: dict[str, int] = {}
-        for queue, keys in self._lists().items():
+        for queue, keys in self._lists(names).items():
             with self._redis.client.pipeline(transaction=False) as pipe:
                 for key in keys:
                     pipe.llen(key)
@@ -113,10 +112,11 @@ class CeleryConsole:
         return out
 
     def letters(self, filters: DeadLetterFilter, *, page: int = 1, per_page: int = 50) -> Page:
-        if self._redis is None or not self._one_queue_each():
+        redis = self._redis
+        if redis is None or self._any_shared(names := redis._names()):
             return self.dead_letters.list(filters, page=page, per_page=per_page)
         start = (page - 1) * per_page
-        lists = self._lists(filters.queue)
+        lists = self._lists(names, filters.queue)
         if filters == DeadLetterFilter(queue=filters.queue):  # broker-side slices only
             return Page(tuple(self._slice(lists, start, per_page)), page, per_page,
                         sum(self._lengths(lists).values()))
@@ -126,26 +126,27 @@ class CeleryConsole:
             if not _passes(raw, rest):  # exact: the filter's own test
                 continue
             if start <= total < start + per_page:  # only the page is decoded
-                kept.append(self._redis._letter(_Envelope(key, raw, json.loads(raw)), queue))
+                kept.append(redis._letter(_Envelope(key, raw, json.loads(raw)), queue))
             total += 1
         return Page(tuple(kept), page, per_page, total)
 
     def letter(self, job_id: str, queue: str | None = None,
                key: str | None = None) -> DeadLetter | None:
-        if self._redis is None or not self._one_queue_each():
+        redis = self._redis
+        if redis is None or self._any_shared(names := redis._names()):
             return self.dead_letters.show(job_id)
         found = None
-        for list_key, raw, original in self._scan(self._lists(queue), [job_id.encode()]):
-            letter = self._redis._letter(_Envelope(list_key, raw, json.loads(raw)), original)
+        for list_key, raw, original in self._scan(self._lists(names, queue), [job_id.encode()]):
+            letter = redis._letter(_Envelope(list_key, raw, json.loads(raw)), original)
             if letter.id == job_id:
                 found = letter  # the newest one wins, as DeadLetters.show
         return found
 
-    def _lists(self, queue: str | None = None) -> dict[str, list[str]]:
-        """``{original queue: [its dead-letter list keys]}``, sorted by queue."""
+    def _lists(self, names: Mapping[str, str], queue: str | None = None) -> dict[str, list[str]]:
+        """``{original queue: [its dead-letter list keys]}`` of ``names``, sorted by queue."""
         assert self._redis is not None
         out: dict[str, list[str]] = {}
-        for dead, original in sorted(self._redis._names().items(), key=lambda x: x[1]):
+        for dead, original in sorted(names.items(), key=lambda x: x[1]):
             if queue in (None, original):
                 out.setdefault(original, []).extend(dict.fromkeys(self._redis._lists(dead)))
         return out
@@ -265,9 +266,9 @@ def _aware(moment: datetime | None) -> datetime | None:
     return moment.replace(tzinfo=timezone.utc) if moment and not moment.tzinfo else moment
 
 
-def _amqp_depths(app: Any, dead_letters: DeadLetters) -> dict[str, int]:
-    """Messages in each dead-letter queue, by a passive declare (nothing is taken)."""
-    names: dict[str, str] = dead_letters.store._names()  # type: ignore[attr-defined]
+def _amqp_depths(app: Any, names: Mapping[str, str]) -> dict[str, int]:
+    """Messages in each dead-letter queue of ``names`` (``{dead: original}``), by a passive
+    declare (nothing is taken)."""
     out: dict[str, int] = {}
     for dead, count in _amqp_sizes(app, list(names)).items():
         out[names[dead]] = out.get(names[dead], 0) + count
