@@ -57,7 +57,7 @@ _STARTED = "_ojs_started_record"
 _STARTED_AT = "_ojs_started_at"
 #: Where the hooks keep the delivery's ``MessageState``, read once.
 _STATE = "_ojs_state"
-#: The (result, exception) the first ``after_process_message`` of a delivery was given.
+#: The exception (``None``: none) the first ``after_process_message`` of a delivery was given.
 _OUTCOME = "_ojs_outcome"
 #: Set once the delivery's outcome was carried out (a second call does nothing).
 _DECIDED = "_ojs_decided"
@@ -185,7 +185,7 @@ class OjsRetries(RetriesSettings):
         time_limit_over(broker, message)  # the actor is done; what follows is ours
         # An interrupt raised out of a later after hook makes Dramatiq call every after hook
         # again, with the interrupt: the first outcome stands, and a finished call is not redone.
-        _, exception = vars(message).setdefault(_OUTCOME, (result, exception))
+        exception = vars(message).setdefault(_OUTCOME, exception)
         if not vars(message).get(_DECIDED):
             self._after(broker, message, exception)
             vars(message)[_DECIDED] = True
