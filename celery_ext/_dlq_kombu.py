@@ -107,16 +107,17 @@ class KombuDeadLetters:
                     letters += [self._letter(m, original) for m in held]
         return [x for x in letters if queue in (None, x.queue)]  # a shared queue: each its own
 
-    def _holds(self, dead: str, original: str, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
-        """Those of ``letters`` that dead-letter queue ``dead`` (of ``original``) may hold."""
-        if shared(dead, original, dead_letter_templates(self.app)):
-            return list(letters)
-        return [x for x in letters if x.queue == original]
+    def _held_where(self, letters: Sequence[DeadLetter]) -> Iterator[tuple[str, str, set[str]]]:
+        """``(dead-letter queue, its original queue, keys of those of letters it may hold)``
+        for each dead-letter queue: a shared one may hold any of them."""
+        templates = dead_letter_templates(self.app)
+        for dead, original in self._names().items():
+            mixed = shared(dead, original, templates)
+            yield dead, original, {x.key for x in letters if mixed or x.queue == original}
 
     def remove(self, letters: Sequence[DeadLetter]) -> int:
         removed = 0
-        for dead, original in self._names().items():
-            wanted = {x.key for x in self._holds(dead, original, letters)}
+        for dead, original, wanted in self._held_where(letters):
             if not wanted:
                 continue
             with self._held(dead) as (_channel, held):
@@ -130,8 +131,7 @@ class KombuDeadLetters:
 
     def requeue(self, moves: Sequence[tuple[DeadLetter, ReplayMark]]) -> list[str]:
         moved: list[str] = []
-        for dead, original in self._names().items():
-            held_here = {x.key for x in self._holds(dead, original, [x for x, _ in moves])}
+        for dead, original, held_here in self._held_where([x for x, _ in moves]):
             wanted = {x.key: (x, m) for x, m in moves if x.key in held_here}
             if not wanted:
                 continue
