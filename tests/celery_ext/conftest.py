@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
-from celery.worker import state as worker_state
 
-from tests.celery_ext.support import Broker, broker_named, register_tasks
+from tests.celery_ext.support import Broker, broker_named, register_tasks, wake_for_shutdown
 
 #: Queues each session worker consumes; tests take them one by one.
 QUEUES_PER_WORKER = 48
@@ -62,11 +61,5 @@ def env(request: pytest.FixtureRequest) -> Iterator[Env]:
 
 
 def _wake_for_shutdown(task: Any, queue: str) -> None:
-    """Flag the shutdown, then send a message so the consumer loop sees the flag now.
-
-    Without it the loop only checks the flag when its poll times out (up to
-    10 s on AMQP, 2 s on memory://); the message stays unprocessed and goes
-    with the queue in cleanup.
-    """
-    worker_state.should_terminate = 0
-    task.apply_async((["ok"],), queue=queue)
+    """The message goes unprocessed with the queue in cleanup (``support.wake_for_shutdown``)."""
+    wake_for_shutdown(task, ["ok"], queue=queue)

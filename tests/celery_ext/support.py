@@ -26,6 +26,7 @@ from typing import Any
 
 from celery import Celery, chain
 from celery.exceptions import Ignore, Reject
+from celery.worker import state as worker_state
 from kombu import Connection
 
 from celery_ext import OjsTask
@@ -279,3 +280,11 @@ def redis_app(redis_url: str, name: str, **conf: Any) -> Iterator[Celery]:
         client = app.backend.client
         for key in client.scan_iter(match=f"{prefix}:*", count=500):
             client.delete(key)
+
+
+def wake_for_shutdown(task: Any, *args: Any, **options: Any) -> None:
+    """Flag the in-process worker's shutdown, then send ``task`` once so its consumer loop
+    sees the flag now: it only checks it when its poll times out (up to 10 s on AMQP, the
+    worker's whole ``shutdown_timeout``)."""
+    worker_state.should_terminate = 0
+    task.apply_async(args, **options)

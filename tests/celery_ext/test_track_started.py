@@ -13,7 +13,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from celery_ext import OjsTask, get_job_record
-from tests.celery_ext.support import redis_app
+from tests.celery_ext.support import redis_app, wake_for_shutdown
 
 
 @pytest.fixture
@@ -43,6 +43,9 @@ def test_a_duplicate_delivery_leaves_the_outcome_as_it_was(app: Celery) -> None:
         go.wait(10)
         return "done"
 
+    @app.task(shared=False, name="wake")
+    def wake() -> None: ...
+
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
                       loglevel="CRITICAL", shutdown_timeout=10):
         ended = dead.apply_async()
@@ -59,3 +62,4 @@ def test_a_duplicate_delivery_leaves_the_outcome_as_it_was(app: Celery) -> None:
         assert app.AsyncResult(started.id).state == "STARTED"  # Celery's option still holds
         go.set()
         _settled(app, started.id, "SUCCESS")
+        wake_for_shutdown(wake)

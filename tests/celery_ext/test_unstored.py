@@ -12,7 +12,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from celery_ext import OjsTask, get_job_record
-from tests.celery_ext.support import redis_app
+from tests.celery_ext.support import redis_app, wake_for_shutdown
 
 
 @pytest.fixture
@@ -30,6 +30,9 @@ def test_a_result_celery_cannot_encode_ends_the_record_failed(app: Celery) -> No
         runs.append(time.monotonic())
         return object()  # JSON cannot hold it: Celery stores FAILURE (EncodeError)
 
+    @app.task(shared=False, name="wake")
+    def wake() -> None: ...
+
     with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
                       loglevel="CRITICAL", shutdown_timeout=10):
         sent = job.apply_async()
@@ -38,6 +41,7 @@ def test_a_result_celery_cannot_encode_ends_the_record_failed(app: Celery) -> No
             assert time.monotonic() < deadline
             time.sleep(0.02)
         time.sleep(0.3)  # the record's correction follows the FAILURE write in the thread
+        wake_for_shutdown(wake)
     record = get_job_record(sent.id, app=app)
     assert record is not None
     assert (record.state, record.outcome, record.attempt) == ("discarded", "failed", 1)
