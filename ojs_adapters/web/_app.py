@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
@@ -89,6 +90,8 @@ def create_app(settings: ConsoleSettings, *,
         yield
         console.close()
 
-    app = Starlette(routes=routes, middleware=[Middleware(_Protect)], lifespan=lifespan)
+    hosts = Middleware(TrustedHostMiddleware, allowed_hosts=list(settings.allowed_hosts),
+                       www_redirect=False)
+    app = Starlette(routes=routes, middleware=[hosts, Middleware(_Protect)], lifespan=lifespan)
     app.state.console = console
     return app

@@ -8,6 +8,23 @@ import click
 
 #: Default port of ``ojs-retry web``.
 DEFAULT_PORT = 8642
+#: The addresses that keep the console on this machine, and the Host names it answers there.
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def allowed_hosts(bind: str, given: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``Host`` names the console answers: those given, else the loopback names when
+    bound to loopback (a DNS-rebinding page gets a 400), else any.
+
+    >>> allowed_hosts("127.0.0.1", ())
+    ('127.0.0.1', 'localhost', '[::1]')
+    >>> allowed_hosts("0.0.0.0", ()), allowed_hosts("0.0.0.0", ("ops.example.com",))
+    (('*',), ('ops.example.com',))
+    """
+    if given:
+        return given
+    return LOOPBACK_NAMES if bind in LOOPBACK else ("*",)
 
 
 @click.command("web")
@@ -21,6 +38,9 @@ DEFAULT_PORT = 8642
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; anything but loopback exposes the console.")
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=int)
+@click.option("--allowed-host", "hosts", multiple=True, metavar="NAME",
+              help="A Host name the console answers ('*.example.com' a domain's; default: "
+                   "the loopback names when bound to loopback, else any).")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
               help="Operator tokens, one 'name:token' per line (also $OJS_WEB_TOKEN). "
                    "Without one the console is read-only.")
@@ -30,8 +50,9 @@ DEFAULT_PORT = 8642
                    "result backend's Redis).")
 @click.option("--stats-prefix", default="ojs-stats", show_default=True)
 def command(framework: str, app: str | None, broker: str | None, queues: tuple[str, ...],
-            options: tuple[str, ...], host: str, port: int, token_file: str | None,
-            show_args: bool, stats_url: str | None, stats_prefix: str) -> None:
+            options: tuple[str, ...], host: str, port: int, hosts: tuple[str, ...],
+            token_file: str | None, show_args: bool, stats_url: str | None,
+            stats_prefix: str) -> None:
     """Serve the operator console: waiting retries, dead letters, decisions.
 
     \b
@@ -53,13 +74,17 @@ def command(framework: str, app: str | None, broker: str | None, queues: tuple[s
         settings = ConsoleSettings(
             framework=framework, app=app, broker=broker, queues=queues,
             options=dict(item.partition("=")[::2] for item in options), tokens=tokens,
-            show_args=show_args, stats_url=stats_url, stats_prefix=stats_prefix)
+            show_args=show_args, stats_url=stats_url, stats_prefix=stats_prefix,
+            allowed_hosts=allowed_hosts(host, hosts))
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     mode = "read-write for " + ", ".join(sorted(tokens)) if tokens else "read-only"
     click.echo(f"ojs console ({framework}, {mode}) on http://{host}:{port}/", err=True)
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if host not in LOOPBACK:
         click.echo(f"warning: bound to {host}: reachable beyond this machine", err=True)
+        if not hosts:
+            click.echo("warning: any Host name is answered: give --allowed-host NAME",
+                       err=True)
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning",
                 access_log=False)

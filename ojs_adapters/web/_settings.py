@@ -34,6 +34,9 @@ class ConsoleSettings:
     may hold personal data). ``stats_url``/``stats_prefix``: where the workers'
     ``enable_stats`` writes (default: the broker's or result backend's Redis).
     ``secret`` signs sessions and CSRF tokens (random per process by default).
+    ``allowed_hosts``: the ``Host`` names it answers (``*.example.com`` for a domain's
+    hosts; ``*`` any, for an app that checks hosts itself); others get a 400, so a page
+    that rebinds its DNS name to the console's address cannot read it.
     """
 
     framework: str
@@ -48,8 +51,16 @@ class ConsoleSettings:
     stats_prefix: str = "ojs-stats"
     refresh_seconds: int = 5
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    allowed_hosts: Sequence[str] = ("*",)
 
     def __post_init__(self) -> None:
+        if isinstance(self.allowed_hosts, str) or not self.allowed_hosts:
+            raise ValueError("allowed_hosts must be a list of host names (['*'] for any)")
+        for pattern in self.allowed_hosts:
+            if "*" in pattern[1:] or (pattern.startswith("*") and pattern != "*"
+                                      and not pattern.startswith("*.")):
+                raise ValueError(f"allowed_hosts: {pattern!r} is not a host name, "
+                                 "'*.domain' or '*'")
         for name, token in self.tokens.items():
             if len(token) < MIN_TOKEN_CHARS:
                 raise ValueError(f"the token of {name!r} is shorter than {MIN_TOKEN_CHARS} "

@@ -152,6 +152,38 @@ def test_a_bulk_action_acts_only_on_the_count_confirmed(backend: FakeBackend) ->
     assert "Replayed 1 dead letter" in done.text and len(backend.store.requeued) == 1
 
 
+def test_a_console_on_loopback_answers_only_loopback_host_names(backend: FakeBackend,
+                                                               monkeypatch: Any) -> None:
+    """A page whose DNS name rebinds to 127.0.0.1 sends its own name as Host: refused."""
+    import uvicorn
+    from click.testing import CliRunner
+
+    from ojs_adapters.web._cmd import command
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(app))
+    monkeypatch.setattr("ojs_adapters.web._app.open_console_backend", lambda *a, **k: backend)
+    for bind in ("127.0.0.1", "0.0.0.0"):
+        result = CliRunner().invoke(command, ["--framework", "celery", "--broker",
+                                              "redis://127.0.0.1:6379/0", "--host", bind])
+        assert result.exit_code == 0, result.output
+    local, anywhere = (TestClient(app, base_url="http://127.0.0.1:8642") for app in served)
+    assert local.get("/dead-letters").status_code == 200
+    for name in ("localhost:8642", "[::1]:8642"):
+        assert local.get("/dead-letters", headers={"Host": name}).status_code == 200
+    rebound = local.get("/dead-letters", headers={"Host": "evil.example:8642"})
+    assert rebound.status_code == 400 and "d1" not in rebound.text
+    assert anywhere.get("/", headers={"Host": "evil.example"}).status_code == 200
+    assert "give --allowed-host" in result.output
+
+    named = client_for(backend, allowed_hosts=["*.example.com"])
+    assert named.get("/", headers={"Host": "ops.example.com"}).status_code == 200
+    assert named.get("/", headers={"Host": "example.org"}).status_code == 400
+    for wrong in ("localhost", [], ["ops*.example.com"]):
+        with pytest.raises(ValueError, match="allowed_hosts"):
+            ConsoleSettings(framework="celery", allowed_hosts=wrong)
+
+
 def test_job_text_is_escaped_and_arguments_hidden(backend: FakeBackend) -> None:
     client = client_for(backend)
     for path in ("/dead-letters", "/dead-letter?id=d1"):
