@@ -8,8 +8,11 @@ The same app mounts under a prefix in an ASGI application::
                                          auth=lambda request: my_user_name(request)))
     fastapi_app.mount("/ojs", console)          # FastAPI or Starlette
 
-or, through ``wsgi_app``, in a WSGI one (Flask, Django)::
+or, through ``wsgi_app``, in a WSGI one (Flask, Django), naming the ``Host`` names it
+answers (the dispatcher routes ``/ojs`` before the host app's own host check)::
 
+    settings = ConsoleSettings(framework="celery", app="myapp:app",
+                               allowed_hosts=["ops.example.com", "localhost"])
     from werkzeug.middleware.dispatcher import DispatcherMiddleware
     flask_app.wsgi_app = DispatcherMiddleware(flask_app.wsgi_app,
                                               {"/ojs": wsgi_app(settings)})

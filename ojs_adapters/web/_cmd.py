@@ -2,29 +2,49 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 
 import click
 
 #: Default port of ``ojs-retry web``.
 DEFAULT_PORT = 8642
-#: The addresses that keep the console on this machine, and the Host names it answers there.
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: The Host names of this machine: always answered (a rebinding page never sends them).
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
 
-def allowed_hosts(bind: str, given: tuple[str, ...]) -> tuple[str, ...]:
-    """The ``Host`` names the console answers: those given, else the loopback names when
-    bound to loopback (a DNS-rebinding page gets a 400), else any.
+def is_loopback(bind: str) -> bool:
+    """Whether binding ``bind`` keeps the console on this machine."""
+    try:
+        return ipaddress.ip_address(bind.strip("[]")).is_loopback
+    except ValueError:
+        return bind.lower() == "localhost"
 
-    >>> allowed_hosts("127.0.0.1", ())
-    ('127.0.0.1', 'localhost', '[::1]')
+
+def allowed_hosts(bind: str, given: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``Host`` names the console answers: the loopback names and the bind address,
+    with those given; any when bound beyond loopback with none given.
+
+    >>> allowed_hosts("127.0.0.2", ())
+    ('127.0.0.1', 'localhost', '[::1]', '127.0.0.2')
     >>> allowed_hosts("0.0.0.0", ()), allowed_hosts("0.0.0.0", ("ops.example.com",))
-    (('*',), ('ops.example.com',))
+    (('*',), ('127.0.0.1', 'localhost', '[::1]', 'ops.example.com'))
     """
-    if given:
-        return given
-    return LOOPBACK_NAMES if bind in LOOPBACK else ("*",)
+    if not given and not is_loopback(bind):
+        return ("*",)
+    own = () if not is_loopback(bind) else (f"[{bind}]" if ":" in bind else bind,)
+    names = [*LOOPBACK_NAMES, *own, *given]
+    return tuple(dict.fromkeys(name.lower() for name in names))
+
+
+def _hosts_option(_ctx: click.Context, _param: click.Parameter,
+                  value: tuple[str, ...]) -> tuple[str, ...]:
+    from ojs_adapters.web._settings import host_patterns
+
+    try:
+        return host_patterns(value) if value else ()
+    except ValueError as exc:
+        raise click.BadParameter(str(exc).replace("allowed_hosts: ", "")) from None
 
 
 @click.command("web")
@@ -39,8 +59,10 @@ def allowed_hosts(bind: str, given: tuple[str, ...]) -> tuple[str, ...]:
               help="Address to bind; anything but loopback exposes the console.")
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=int)
 @click.option("--allowed-host", "hosts", multiple=True, metavar="NAME",
-              help="A Host name the console answers ('*.example.com' a domain's; default: "
-                   "the loopback names when bound to loopback, else any).")
+              callback=_hosts_option,
+              help="A Host name the console answers besides the loopback names (a reverse "
+                   "proxy's; '*.example.com' a domain's). Bound beyond loopback without "
+                   "one, any name is answered.")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
               help="Operator tokens, one 'name:token' per line (also $OJS_WEB_TOKEN). "
                    "Without one the console is read-only.")
@@ -80,8 +102,9 @@ def command(framework: str, app: str | None, broker: str | None, queues: tuple[s
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     mode = "read-write for " + ", ".join(sorted(tokens)) if tokens else "read-only"
-    click.echo(f"ojs console ({framework}, {mode}) on http://{host}:{port}/", err=True)
-    if host not in LOOPBACK:
+    where = f"[{host}]" if ":" in host else host
+    click.echo(f"ojs console ({framework}, {mode}) on http://{where}:{port}/", err=True)
+    if not is_loopback(host):
         click.echo(f"warning: bound to {host}: reachable beyond this machine", err=True)
         if not hosts:
             click.echo("warning: any Host name is answered: give --allowed-host NAME",

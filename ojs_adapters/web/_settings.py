@@ -9,8 +9,9 @@ True
 from __future__ import annotations
 
 import os
+import re
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,9 @@ AuthCallable = Callable[[Any], "str | None"]
 TOKEN_ENV = "OJS_WEB_TOKEN"
 #: Shortest token accepted: a guessable token is no protection.
 MIN_TOKEN_CHARS = 16
+#: What a ``Host`` pattern may be: ``*``, a name or IPv4 address (``*.`` before a domain),
+#: or an IPv6 address in brackets; never a port, a scheme or a trailing dot.
+_HOST_PATTERN = re.compile(r"\*|(\*\.)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*|\[[0-9A-Fa-f:.]+\]")
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,10 @@ class ConsoleSettings:
     ``enable_stats`` writes (default: the broker's or result backend's Redis).
     ``secret`` signs sessions and CSRF tokens (random per process by default).
     ``allowed_hosts``: the ``Host`` names it answers (``*.example.com`` for a domain's
-    hosts; ``*`` any, for an app that checks hosts itself); others get a 400, so a page
-    that rebinds its DNS name to the console's address cannot read it.
+    hosts); others get a 400, so a page that rebinds its DNS name to the console's
+    address cannot read it. ``*`` (any) suits an ASGI host app that checks hosts around
+    its mounts; mounted through WSGI dispatch, the host app's own check never sees the
+    console's requests: name the hosts here.
     """
 
     framework: str
@@ -54,13 +60,7 @@ class ConsoleSettings:
     allowed_hosts: Sequence[str] = ("*",)
 
     def __post_init__(self) -> None:
-        if isinstance(self.allowed_hosts, str) or not self.allowed_hosts:
-            raise ValueError("allowed_hosts must be a list of host names (['*'] for any)")
-        for pattern in self.allowed_hosts:
-            if "*" in pattern[1:] or (pattern.startswith("*") and pattern != "*"
-                                      and not pattern.startswith("*.")):
-                raise ValueError(f"allowed_hosts: {pattern!r} is not a host name, "
-                                 "'*.domain' or '*'")
+        object.__setattr__(self, "allowed_hosts", host_patterns(self.allowed_hosts))
         for name, token in self.tokens.items():
             if len(token) < MIN_TOKEN_CHARS:
                 raise ValueError(f"the token of {name!r} is shorter than {MIN_TOKEN_CHARS} "
@@ -70,6 +70,27 @@ class ConsoleSettings:
     def writable(self) -> bool:
         """Whether any action can be allowed at all (a token or an auth callable exists)."""
         return bool(self.tokens) or self.auth is not None
+
+
+def host_patterns(names: Any) -> tuple[str, ...]:
+    """``names`` checked as ``Host`` patterns, lower-cased (browsers send any case).
+
+    >>> host_patterns(["Ops.Example.com", "[::1]", "*.example.org"])
+    ('ops.example.com', '[::1]', '*.example.org')
+    >>> host_patterns(["ops.example.com:8642"])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: allowed_hosts: 'ops.example.com:8642' is not a host name ...
+    """
+    if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+        raise ValueError("allowed_hosts must be a list of host names (['*'] for any)")
+    patterns = tuple(names)
+    if not patterns:
+        raise ValueError("allowed_hosts is empty: no request could be answered (['*'] for any)")
+    for name in patterns:
+        if not isinstance(name, str) or not _HOST_PATTERN.fullmatch(name):
+            raise ValueError(f"allowed_hosts: {name!r} is not a host name (no port, scheme "
+                             "or path; IPv6 in brackets), '*.domain' or '*'")
+    return tuple(name.lower() for name in patterns)
 
 
 def read_tokens(path: str | None = None, *, environ: Mapping[str, str] | None = None,

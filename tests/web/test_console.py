@@ -152,8 +152,8 @@ def test_a_bulk_action_acts_only_on_the_count_confirmed(backend: FakeBackend) ->
     assert "Replayed 1 dead letter" in done.text and len(backend.store.requeued) == 1
 
 
-def test_a_console_on_loopback_answers_only_loopback_host_names(backend: FakeBackend,
-                                                               monkeypatch: Any) -> None:
+def test_ojs_retry_web_answers_only_this_machines_host_names(backend: FakeBackend,
+                                                             monkeypatch: Any) -> None:
     """A page whose DNS name rebinds to 127.0.0.1 sends its own name as Host: refused."""
     import uvicorn
     from click.testing import CliRunner
@@ -163,23 +163,43 @@ def test_a_console_on_loopback_answers_only_loopback_host_names(backend: FakeBac
     served: list[Any] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(app))
     monkeypatch.setattr("ojs_adapters.web._app.open_console_backend", lambda *a, **k: backend)
-    for bind in ("127.0.0.1", "0.0.0.0"):
+
+    def serve(*extra: str) -> tuple[TestClient, str]:
         result = CliRunner().invoke(command, ["--framework", "celery", "--broker",
-                                              "redis://127.0.0.1:6379/0", "--host", bind])
+                                              "redis://127.0.0.1:6379/0", *extra])
         assert result.exit_code == 0, result.output
-    local, anywhere = (TestClient(app, base_url="http://127.0.0.1:8642") for app in served)
-    assert local.get("/dead-letters").status_code == 200
-    for name in ("localhost:8642", "[::1]:8642"):
-        assert local.get("/dead-letters", headers={"Host": name}).status_code == 200
+        return TestClient(served[-1], base_url="http://127.0.0.1:8642"), result.output
+
+    def status(client: TestClient, host: str) -> int:
+        return client.get("/dead-letters", headers={"Host": host}).status_code
+
+    local, said = serve("--host", "127.0.0.1")
+    assert "beyond this machine" not in said
+    for name in ("127.0.0.1:8642", "LOCALHOST:8642", "[::1]:8642"):
+        assert status(local, name) == 200, name
     rebound = local.get("/dead-letters", headers={"Host": "evil.example:8642"})
     assert rebound.status_code == 400 and "d1" not in rebound.text
-    assert anywhere.get("/", headers={"Host": "evil.example"}).status_code == 200
-    assert "give --allowed-host" in result.output
+    other_loopback, said = serve("--host", "127.0.0.2")  # any 127.x is this machine
+    assert "beyond this machine" not in said
+    assert status(other_loopback, "127.0.0.2:8642") == 200
+    assert status(other_loopback, "evil.example") == 400
+    proxied, _ = serve("--host", "127.0.0.1", "--allowed-host", "Ops.Example.com")
+    assert status(proxied, "ops.example.com") == 200 and status(proxied, "localhost") == 200
+    assert status(proxied, "evil.example") == 400
+    anywhere, said = serve("--host", "0.0.0.0")
+    assert status(anywhere, "evil.example") == 200 and "give --allowed-host" in said
+    refused = CliRunner().invoke(command, ["--framework", "celery", "--broker", "redis://x",
+                                           "--allowed-host", "ops.example.com:8642"])
+    assert refused.exit_code == 2 and "--allowed-host" in refused.output
+    assert "'ops.example.com:8642' is not a host name" in refused.output
 
-    named = client_for(backend, allowed_hosts=["*.example.com"])
+
+def test_console_settings_name_the_hosts_it_answers(backend: FakeBackend) -> None:
+    named = client_for(backend, allowed_hosts=iter(["*.Example.com"]))
     assert named.get("/", headers={"Host": "ops.example.com"}).status_code == 200
     assert named.get("/", headers={"Host": "example.org"}).status_code == 400
-    for wrong in ("localhost", [], ["ops*.example.com"]):
+    for wrong in ("localhost", [], ["ops*.example.com"], ["::1"], ["http://ops.example.com"],
+                  [""], ["ops.example.com."], [None], b"localhost"):
         with pytest.raises(ValueError, match="allowed_hosts"):
             ConsoleSettings(framework="celery", allowed_hosts=wrong)
 
