@@ -21,7 +21,7 @@ import yaml
 
 from ojs_adapters.errors import OjsValidationError
 from ojs_adapters.migrate._model import Migration, Note
-from ojs_adapters.migrate._ruby import read_ruby
+from ojs_adapters.migrate._ruby import RubyJob, read_ruby, resolve
 from ojs_adapters.migrate.bullmq import from_bullmq
 from ojs_adapters.migrate.celery import from_celery
 from ojs_adapters.migrate.dramatiq import from_dramatiq
@@ -92,8 +92,7 @@ def migrate_text(dialect: str, text: str, *, origin: str = "<input>", ruby: bool
     """Translate every job found in ``text`` (Ruby source when ``ruby``)."""
     spec = _dialect(dialect)
     if ruby:
-        return [_from_ruby(spec, job_name, line, opts, dynamic, origin, options)
-                for job_name, line, opts, dynamic in _ruby_jobs(text)]
+        return _from_ruby_files(spec, [(origin, text)], options)
     return [spec.translate(opts, name=job_name, origin=origin, **_kwargs(spec, options))
             for job_name, opts in _entries(load_document(text, origin), spec, origin)]
 
@@ -106,11 +105,17 @@ def migrate_path(dialect: str, path: str | Path, **options: Any) -> list[Migrati
         raise _unreadable(str(root), "does not exist")
     files = [root] if root.is_file() else sorted(
         p for p in root.rglob("*") if p.is_file() and p.suffix in spec.suffixes)
+    texts = {file: file.read_text(encoding="utf-8", errors="replace") for file in files}
+    # Ruby files are read together: a job's superclass and Sidekiq's defaults may live in
+    # another file of the run.
+    ruby = _from_ruby_files(spec, [(str(f), t) for f, t in texts.items() if f.suffix == ".rb"],
+                            options)
     out: list[Migration] = []
-    for file in files:
-        text = file.read_text(encoding="utf-8", errors="replace")
-        out.extend(migrate_text(dialect, text, origin=str(file), ruby=file.suffix == ".rb",
-                                **options))
+    for file, text in texts.items():
+        if file.suffix == ".rb":
+            out.extend(m for m in ruby if (m.origin or "").rpartition(":")[0] == str(file))
+        else:
+            out.extend(migrate_text(dialect, text, origin=str(file), **options))
     return out
 
 
@@ -159,20 +164,26 @@ def _named(item: Mapping[Any, Any], spec: Dialect) -> tuple[str | None, dict[Any
     return label, rest
 
 
-def _ruby_jobs(text: str) -> Iterator[tuple[str | None, int, dict[str, Any],
-                                             tuple[tuple[int, str], ...]]]:
-    for job in read_ruby(text):
-        yield job.name, job.line, job.options, job.dynamic
+def _from_ruby_files(spec: Dialect, texts: list[tuple[str, str]],
+                     options: Mapping[str, Any]) -> list[Migration]:
+    found = [(origin, job) for origin, text in texts for job in read_ruby(text)]
+    return [_from_ruby(spec, origin, job, said, options)
+            for origin, job, said in resolve(found)]
 
 
-def _from_ruby(spec: Dialect, name: str | None, line: int, opts: dict[str, Any],
-               dynamic: tuple[tuple[int, str], ...], origin: str,
+def _from_ruby(spec: Dialect, origin: str, job: RubyJob, said: tuple[str, ...],
                options: Mapping[str, Any]) -> Migration:
-    migration = spec.translate(opts, name=name, origin=f"{origin}:{line}",
+    migration = spec.translate(job.options, name=job.name, origin=f"{origin}:{job.line}",
                                **_kwargs(spec, options))
-    seen = tuple(Note("info", None, f"line {at}: dynamic Ruby left unevaluated: {text}")
-                 for at, text in dynamic)
-    return Migration(migration.dialect, migration.policy, migration.notes + seen,
+    seen = [Note("info", None, text) for text in said]
+    seen += [Note("info", None, f"line {at}: dynamic Ruby left unevaluated: {text}")
+             for at, text in job.dynamic]
+    if job.exhausted is not None:
+        seen.append(Note("lossy", "sidekiq_retries_exhausted", f"line {job.exhausted}: a "
+                         "block run when retries are exhausted is not part of an OJS policy; "
+                         "hook the adapters' dead-letter event (ojs_adapters.runtime.alerts."
+                         "on_dead_letter)"))
+    return Migration(migration.dialect, migration.policy, migration.notes + tuple(seen),
                      migration.fidelity, migration.handler_codes, migration.name,
                      migration.origin, migration.options)
 

@@ -1,7 +1,10 @@
 """A tolerant reader of literal ``sidekiq_options`` in Ruby source.
 
 It also reads ``Sidekiq.default_job_options = {...}`` (and the older
-``default_worker_options``), reported under that name.
+``default_worker_options``) and ``config[:max_retries] = N``, reported under those
+names, each class's superclass and ``include Sidekiq::Job``, and where a class sets
+``sidekiq_retries_exhausted``; ``resolve`` then gives each job class the options Sidekiq
+would (the defaults, then its ancestors', then its own).
 
 It understands only literals: integers, floats, ``true``/``false``/``nil``,
 symbols, quoted strings and ``N.unit`` durations (``3.days``). A
@@ -17,13 +20,19 @@ any other block) is recorded as *dynamic* with its line, never guessed.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ojs_adapters.migrate._arith import DURATION_UNITS
 from ojs_adapters.migrate._ruby_block import read_block
 
-_CLASS = re.compile(r"^\s*class\s+([A-Z][\w:]*)")
+_CLASS = re.compile(r"^\s*class\s+([A-Z][\w:]*)(?:\s*<\s*([A-Z][\w:]*))?")
+_INCLUDE = re.compile(r"^\s*include\s+Sidekiq::(?:Job|Worker)\b")
+_EXHAUSTED = re.compile(r"^\s*sidekiq_retries_exhausted\b")
+_MAX_RETRIES = re.compile(r"\[\s*:max_retries\s*\]\s*=\s*([^=].*)$")
+#: The names ``read_ruby`` reports Sidekiq-wide settings under.
+DEFAULTS = ("Sidekiq.default_job_options", "Sidekiq.default_worker_options",
+            "Sidekiq[:max_retries]")
 _OPTIONS = re.compile(r"^\s*sidekiq_options\b(.*)$")
 _DEFAULTS = re.compile(r"^\s*Sidekiq\.(default_(?:job|worker)_options)\s*=\s*(.*)$")
 _RETRY_IN = re.compile(r"^\s*sidekiq_retry_in\b(.*)$")
@@ -44,18 +53,27 @@ class Dynamic(str):
 class RubyJob:
     """The literal Sidekiq options of one class, and what could not be read.
 
-    ``dynamic`` holds ``(line, text)`` pairs for every expression left alone.
+    ``dynamic`` holds ``(line, text)`` pairs for every expression left alone;
+    ``parent`` the superclass; ``exhausted`` the line of a ``sidekiq_retries_exhausted``;
+    ``declared`` false for a class known only as some class's subclass.
     """
 
     name: str | None
     line: int
     options: dict[str, Any] = field(hash=False)
     dynamic: tuple[tuple[int, str], ...] = ()
+    parent: str | None = None
+    exhausted: int | None = None
+    declared: bool = True  # a job by itself (options, ``include Sidekiq::Job``)
 
 
 def read_ruby(text: str) -> list[RubyJob]:
-    """Every ``sidekiq_options`` call in ``text``, with the class it belongs to."""
+    """Every ``sidekiq_options`` call in ``text``, with the class it belongs to, and every
+    class that is a job without one (it includes ``Sidekiq::Job`` or has a superclass,
+    which ``resolve`` looks at)."""
     jobs: list[RubyJob] = []
+    classes: dict[str, tuple[int, str | None, bool]] = {}  # name: line, parent, includes
+    exhausted: dict[str, int] = {}
     current_class: str | None = None
     lines = text.splitlines()
     index = 0
@@ -65,8 +83,14 @@ def read_ruby(text: str) -> list[RubyJob]:
         match = _CLASS.match(line)
         if match:
             current_class = match.group(1)
+            classes[current_class] = (number, match.group(2), False)
+        elif current_class and _INCLUDE.match(line):
+            classes[current_class] = (*classes[current_class][:2], True)
+        elif current_class and _EXHAUSTED.match(line):
+            exhausted[current_class] = number
         call = _options_call(line, current_class)
         retry_in = _RETRY_IN.match(line)
+        most = _MAX_RETRIES.search(line)
         if call is not None:
             body, index = _continued(call[1], lines, index)
             options, dynamic = _parse_pairs(body, number)
@@ -75,8 +99,80 @@ def read_ruby(text: str) -> list[RubyJob]:
             block, index = _block(retry_in.group(1), lines, index)
             where = _job_for(jobs, current_class, number)
             jobs[where] = _with_retry_in(jobs[where], block, number, retry_in.group(1))
+        elif most:
+            value = ruby_literal(most.group(1))
+            dynamic_at = ((number, f"max_retries = {value}"),) if isinstance(value, Dynamic) else ()
+            jobs.append(RubyJob(DEFAULTS[2], number, {"max_retries": value}, dynamic_at))
         index += 1
-    return jobs
+    named = {job.name for job in jobs}
+    for name, (number, parent, includes) in classes.items():
+        if name not in named and (includes or parent):
+            jobs.append(RubyJob(name, number, {}, declared=includes))
+    return [replace(job, parent=classes[job.name][1], exhausted=exhausted.get(job.name))
+            if job.name in classes else job for job in jobs]
+
+
+def resolve(found: list[tuple[str, RubyJob]]) -> list[tuple[str, RubyJob, tuple[str, ...]]]:
+    """Each job class of a run (``(origin, job)`` pairs, in order) with the options Sidekiq
+    gives it: the run's defaults, then its ancestors', then its own (``sidekiq_options``
+    merges into the inherited ones); with what it took from where. A class that is no job
+    (no ``sidekiq_options``, no ``include Sidekiq::Job``, none in its ancestors) is left out.
+    """
+    classes: dict[str, tuple[str, RubyJob]] = {}
+    for origin, job in found:
+        if job.name is not None and job.name not in DEFAULTS:
+            classes[job.name] = (origin, _merged(classes[job.name][1], job)
+                                 if job.name in classes else job)
+    defaults: dict[str, Any] = {}
+    taken: list[str] = []
+    for origin, job in found:
+        if job.name in DEFAULTS:
+            defaults.update(job.options)
+            taken.append(f"{', '.join(job.options)} from {job.name} ({origin}:{job.line})")
+    out: list[tuple[str, RubyJob, tuple[str, ...]]] = []
+    done: set[str] = set()
+    for origin, job in found:
+        if job.name is None or job.name in DEFAULTS:
+            out.append((origin, job, ()))
+            continue
+        if job.name in done:
+            continue
+        done.add(job.name)
+        chain = _ancestors(job.name, classes)
+        if not any(entry.declared for _, entry in chain):
+            continue
+        said = [f"Sidekiq-wide: {t}" for t in taken] if defaults else []
+        options, exhausted = dict(defaults), None
+        dynamic: list[tuple[int, str]] = []
+        for at, entry in chain:
+            if entry.name != job.name and entry.options:
+                said.append(f"inherited from {entry.name} ({at}:{entry.line}): "
+                            f"{', '.join(entry.options)}")
+            options.update(entry.options)
+            dynamic.extend(entry.dynamic)
+            exhausted = entry.exhausted or exhausted
+        mine = classes[job.name][1]
+        out.append((classes[job.name][0], replace(mine, options=options, dynamic=tuple(dynamic),
+                                                  exhausted=exhausted), tuple(said)))
+    return out
+
+
+def _merged(first: RubyJob, later: RubyJob) -> RubyJob:
+    """Two entries of one class (reopened, or two calls): the later options win."""
+    return replace(first, options={**first.options, **later.options},
+                   dynamic=first.dynamic + later.dynamic, parent=first.parent or later.parent,
+                   exhausted=first.exhausted or later.exhausted,
+                   declared=first.declared or later.declared)
+
+
+def _ancestors(name: str, classes: dict[str, tuple[str, RubyJob]]) -> list[tuple[str, RubyJob]]:
+    """``name``'s ancestors found in the run, and itself; root first."""
+    chain: list[tuple[str, RubyJob]] = []
+    current: str | None = name
+    while current in classes and all(entry.name != current for _, entry in chain):
+        chain.append(classes[current])
+        current = classes[current][1].parent
+    return list(reversed(chain))
 
 
 def _with_retry_in(job: RubyJob, block: str, line: int, first: str) -> RubyJob:

@@ -109,6 +109,36 @@ def test_ruby_file_migration_keeps_origin_lines(tmp_path: Path) -> None:
     assert any("line 9" in n.text for n in found["ChargeJob"].notes)
 
 
+def test_a_job_takes_its_superclass_and_sidekiq_wide_options_across_files(
+        tmp_path: Path) -> None:
+    """Sidekiq merges a class's ``sidekiq_options`` into its superclass's, over the app's
+    defaults (``default_job_options``, ``config[:max_retries]``), wherever they are."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "sidekiq.rb").write_text(
+        "Sidekiq.configure_server do |config|\n  config[:max_retries] = 7\nend\n")
+    (tmp_path / "jobs.rb").write_text(
+        "class ApplicationJob\n  include Sidekiq::Job\n  sidekiq_options retry: 3, dead: false\n"
+        "  sidekiq_retries_exhausted do |job, ex|\n    Alert.call(job)\n  end\nend\n\n"
+        "class ChildJob < ApplicationJob\n  sidekiq_options queue: 'low'\nend\n\n"
+        "class PlainChild < ApplicationJob\nend\n\n"
+        "class Money < Struct\nend\n\n"
+        "class ReportJob\n  include Sidekiq::Job\nend\n")
+    found = {m.name: m for m in migrate_path("sidekiq", tmp_path)}
+    assert set(found) == {"Sidekiq[:max_retries]", "ApplicationJob", "ChildJob", "PlainChild",
+                          "ReportJob"}  # Money is no job
+    for name in ("ApplicationJob", "ChildJob", "PlainChild"):
+        policy = found[name].policy
+        assert policy is not None
+        assert (policy.max_attempts, policy.on_exhaustion) == (4, "discard"), name
+        assert found[name].lossy  # the exhausted block is inherited, and no policy holds it
+        assert any(n.field == "sidekiq_retries_exhausted" for n in found[name].notes)
+    assert any("inherited from ApplicationJob" in n.text for n in found["ChildJob"].notes)
+    report = found["ReportJob"].policy
+    assert report is not None and report.max_attempts == 8  # config[:max_retries] = 7
+    assert found["ReportJob"].origin.endswith("jobs.rb:19")  # type: ignore[union-attr]
+    assert not found["ReportJob"].lossy
+
+
 ruby_values = st.fixed_dictionaries(
     {"retry": st.one_of(st.booleans(), st.integers(0, 100))},
     optional={"dead": st.booleans(), "retry_for": st.integers(1, 30),
