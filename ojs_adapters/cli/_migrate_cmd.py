@@ -31,7 +31,8 @@ EXIT_NEEDS_DECISION = EXIT_UNSUPPORTED
               help="The system the settings were written for.")
 @click.argument("source", metavar="FILE|DIR", default="-")
 @click.option("--version", "version",
-              help="Sidekiq or Faktory version (the delay formula and defaults depend on it).")
+              help="Sidekiq, Faktory or Dramatiq version (the delay formula and defaults "
+                   "depend on it).")
 @click.option("--cap-unbounded", "cap", type=click.IntRange(min=1), metavar="N",
               help="Use N attempts where the source retries for ever (Celery max_retries=None, "
                    "Dramatiq retry_when, Temporal maximumAttempts 0). Noted as lossy (asked); "
@@ -70,8 +71,8 @@ def migrate(dialect: str, source: str, version: str | None, cap: int | None, all
     """
     spec = DIALECTS[dialect]
     if version is not None and not spec.takes_version:
-        raise click.UsageError(f"--version does not apply to {dialect} (only to sidekiq and "
-                               "faktory)")
+        raise click.UsageError(f"--version does not apply to {dialect} (only to sidekiq, "
+                               "faktory and dramatiq)")
     if cap is not None and not spec.takes_cap:
         raise click.UsageError(f"--cap-unbounded does not apply to {dialect}: it has no "
                                "unbounded retry setting")

@@ -58,7 +58,8 @@ DIALECTS: dict[str, Dialect] = {
                                               "retry_backoff", "retry_backoff_max",
                                               "retry_jitter", "retry_kwargs"}), takes_cap=True),
     "dramatiq": Dialect(from_dramatiq, frozenset({"max_retries", "min_backoff", "max_backoff",
-                                                  "retry_when", "throws"}), takes_cap=True),
+                                                  "retry_when", "throws"}), takes_cap=True,
+                        takes_version=True),
     "bullmq": Dialect(from_bullmq, frozenset({"attempts", "backoff", "removeOnFail"})),
     "temporal": Dialect(from_temporal, frozenset({
         "initialInterval", "backoffCoefficient", "maximumInterval", "maximumAttempts",

@@ -52,6 +52,30 @@ def test_band_shapes() -> None:
     assert dramatiq_band(10, min_ms=1000, max_ms=60_000) == Band(30.0, 60.0, 45.0)
 
 
+def test_dramatiq_1x_draws_half_to_all_of_the_capped_delay() -> None:
+    """Before 2.0 (``compute_backoff`` up to 1.18) the delay was [0.5, 1) x min(min * 2**r,
+    max); the 2.x model would double every expected delay and still call it faithful."""
+
+    def compute_backoff_1x(retries: int, *, factor: int, max_backoff: int,
+                           draw: float) -> float:  # Dramatiq 1.18's formula, draw in [0, 1)
+        backoff = min(factor * 2 ** retries, max_backoff) / 2
+        return int(backoff + draw * backoff) / 1000
+
+    for retries, min_ms, max_ms in ((0, 1000, 60_000), (3, 1000, 5_000), (10, 15_000, 10**9)):
+        band = dramatiq_band(retries, min_ms=min_ms, max_ms=max_ms, before_2=True)
+        draws = [compute_backoff_1x(retries, factor=min_ms, max_backoff=max_ms, draw=i / 1000)
+                 for i in range(1000)]
+        assert band.low - 0.001 <= min(draws) and max(draws) <= band.high
+        assert sum(draws) / len(draws) == pytest.approx(band.mean, rel=0.01)
+    old = from_dramatiq({"max_retries": 3, "min_backoff": 1000}, version="1.17")
+    assert old.policy is not None and old.policy.schedule() == [0.75, 1.5, 3.0]
+    assert old.fidelity is not None and old.fidelity.window_ratio == pytest.approx(1.0)
+    assert not any(n.field == "version" for n in old.notes)
+    assert any(n.field == "version" for n in from_dramatiq({}).notes)  # 2.x assumed, said
+    with pytest.raises(OjsValidationError, match="version"):
+        from_dramatiq({}, version="latest")
+
+
 def test_throws_become_non_retryable() -> None:
     m = from_dramatiq({"throws": ["ValueError", "myapp.Fatal"]})
     assert m.policy.non_retryable_errors == ("ValueError", "myapp.Fatal")  # type: ignore[union-attr]
