@@ -47,6 +47,14 @@ DEFAULT_RETRY_DELAY = 180.0
 DEFAULT_BACKOFF_MAX = 600
 #: Names that make ``autoretry_for`` cover every error a handler can raise.
 _CATCH_ALL = {"Exception", "BaseException", "builtins.Exception", "builtins.BaseException"}
+#: ``retry_kwargs`` keys that change where, when or whether a retry runs.
+_RETRY_KWARGS = {
+    "queue": "sends each retry to another queue; a policy has no queue: route the task",
+    "priority": "gives each retry another priority; a policy has none: set it on the task",
+    "eta": "a fixed time for each retry; the policy computes the delay",
+    "exc": "the error each retry reports; OJS records the one raised",
+    "throw": "whether Task.retry() raises; an OjsTask's retry always ends the attempt",
+}
 _KNOWN = {"max_retries", "default_retry_delay", "autoretry_for", "dont_autoretry_for",
           "retry_backoff", "retry_backoff_max", "retry_jitter", "retry_kwargs"}
 
@@ -65,6 +73,7 @@ def from_celery(options: Mapping[str, Any] | None, *, unbounded_attempts: int | 
     if not isinstance(kwargs, Mapping):
         raise bad_option(DIALECT, "retry_kwargs", kwargs, "must be a mapping")
     kwargs = dict(kwargs)
+    _note_retry_kwargs(kwargs, notes)
     source, key = (kwargs, "retry_kwargs.max_retries") if "max_retries" in kwargs \
         else (opts, "max_retries")
     unbounded = "max_retries" in source and source["max_retries"] is None
@@ -144,11 +153,20 @@ def _fixed_delay(opts: dict[str, Any], kwargs: dict[str, Any]) -> float:
     return get_number(opts, "default_retry_delay", DIALECT, default=DEFAULT_RETRY_DELAY)
 
 
+def _note_retry_kwargs(kwargs: dict[str, Any], notes: Notes) -> None:
+    """What ``Task.retry(**retry_kwargs)`` takes besides a count and a countdown."""
+    for key in sorted(set(kwargs) - {"max_retries", "countdown"}):
+        effect = _RETRY_KWARGS.get(key, "is passed to Task.retry(), which a policy cannot say")
+        notes.add("lossy", f"retry_kwargs.{key}", effect)
+
+
 def _note_errors(autoretry: tuple[str, ...], notes: Notes) -> None:
     if not autoretry:
-        notes.add("approximate", "autoretry_for",
-                  "empty: Celery retries only where the task calls self.retry(); the policy "
-                  "applies to every failure. If the task never calls self.retry(), use "
+        notes.add("lossy", "autoretry_for",
+                  "empty: Celery retries only where the task calls self.retry(), and any other "
+                  "error fails it at once; the policy retries every failure. Keep the "
+                  "self.retry() calls (an OjsTask honours them) and list the errors that must "
+                  "not retry in non_retryable_errors; if the task never calls self.retry(), use "
                   "max_attempts 1")
     elif not _CATCH_ALL & set(autoretry):
         notes.add("lossy", "autoretry_for",

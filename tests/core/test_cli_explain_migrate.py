@@ -64,7 +64,8 @@ def test_explain_bad_attempt_is_an_ojs_error(tmp_path: Path) -> None:
 
 def test_migrate_each_dialect_from_stdin() -> None:
     cases = {"sidekiq": ("{retry: 0}", 1), "faktory": ('{"retry": -1}', 1),
-             "celery": ("max_retries: 2", 3), "dramatiq": ("max_retries: 1", 2),
+             "celery": ("{max_retries: 2, autoretry_for: [Exception]}", 3),
+             "dramatiq": ("max_retries: 1", 2),
              "bullmq": ("attempts: 3", 3), "queue": ("MaxRetries: 3", 4),
              "temporal": ("maximumAttempts: 4", 4)}
     for dialect, (text, attempts) in cases.items():
@@ -91,7 +92,7 @@ def test_migrate_unbounded_celery_exits_3_and_is_not_capped() -> None:
     out = json.loads(result.output)
     assert out["ok"] is False and out["migrations"][0]["policy"] is None
     capped = run("migrate", "--from", "celery", "-", "--cap-unbounded", "9", "--json",
-                 input="max_retries: null")
+                 input="{max_retries: null, autoretry_for: [Exception]}")
     assert capped.exit_code == 0
     assert json.loads(capped.output)["migrations"][0]["policy"]["max_attempts"] == 9
 

@@ -15,7 +15,18 @@ def test_defaults_are_three_retries_every_180_seconds() -> None:
     assert m.policy.schedule() == [180.0, 180.0, 180.0]
     assert m.policy.on_exhaustion == "discard"
     assert m.fidelity is not None and m.fidelity.exact
-    assert any(n.field == "autoretry_for" and n.severity == "approximate" for n in m.notes)
+    # Without autoretry_for only self.retry() retries; under the policy every error does.
+    assert any(n.field == "autoretry_for" and n.severity == "lossy" for n in m.notes)
+    assert m.lossy
+
+
+def test_retry_kwargs_beyond_a_count_and_a_countdown_are_reported() -> None:
+    m = from_celery({"autoretry_for": ["Exception"], "retry_kwargs": {
+        "max_retries": 2, "countdown": 5, "queue": "retries", "priority": 9}})
+    assert m.policy is not None and m.policy.schedule() == [5.0, 5.0]
+    assert {n.field for n in m.notes if n.severity == "lossy"} == {
+        "retry_kwargs.priority", "retry_kwargs.queue"}
+    assert m.lossy and not m.ok
 
 
 def test_max_retries_none_is_reported_not_silently_capped() -> None:
@@ -32,7 +43,7 @@ def test_max_retries_none_in_retry_kwargs_is_unbounded_too() -> None:
 
 
 def test_a_cap_for_unbounded_is_used_only_when_asked_and_reported_lossy() -> None:
-    m = from_celery({"max_retries": None}, unbounded_attempts=50)
+    m = from_celery({"max_retries": None, "autoretry_for": ["Exception"]}, unbounded_attempts=50)
     assert m.policy is not None and m.policy.max_attempts == 50
     assert any(n.severity == "lossy" and n.asked and n.field == "max_retries" for n in m.notes)
     assert not m.lossy and m.ok  # the caller chose the cap: it does not fail the migration
