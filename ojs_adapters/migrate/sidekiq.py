@@ -34,6 +34,7 @@ from ojs_adapters.migrate._common import (
     MAX_INTERVAL_S,
     MIN_INTERVAL_S,
     Notes,
+    compare,
     compared,
     get_bool,
     get_int,
@@ -44,7 +45,7 @@ from ojs_adapters.migrate._common import (
     parse_version,
     policy_from,
 )
-from ojs_adapters.migrate._fit import fit_schedule, schedule_fields, spec_polynomial
+from ojs_adapters.migrate._fit import Fit, fit_schedule, schedule_fields, spec_polynomial
 from ojs_adapters.migrate._model import Band, Migration
 from ojs_adapters.migrate._ruby import Dynamic
 from ojs_adapters.migrate._sidekiq_delay import (
@@ -201,12 +202,28 @@ def _schedule(formula: Formula | None, retries: int, ver: Version, notes: Notes
     if formula.random:
         notes.add("approximate", "sidekiq_retry_in", "the block's rand terms count at their "
                   "expected value; the policy has jitter off")
+    bands = [source_band(formula, c, ver) for c in range(count)]
+    fields = schedule_fields(fit, retries, jitter=False)
     if ver >= RESULT_SYMBOLS_SINCE:
+        fields = _with_random_term(fields, fit, bands, retries, notes)
+    return fields, bands
+
+
+def _with_random_term(fields: dict[str, Any], fit: Fit, bands: list[Band], retries: int,
+                      notes: Notes) -> dict[str, Any]:
+    """The block's own fit where it keeps Sidekiq's schedule; else a fit of what Sidekiq
+    waits on average (the block's delay plus its random term, which it adds since 6.5.2)."""
+    if compare(bands, policy_from({**fields, "max_attempts": retries + 1})).faithful:
         notes.add("approximate", "sidekiq_retry_in",
-                  "Sidekiq adds its random term to the block's delay; the OJS policy "
-                  "waits the fitted delay exactly (jitter off)")
-    return schedule_fields(fit, retries, jitter=False), [
-        source_band(formula, c, ver) for c in range(count)]
+                  "Sidekiq adds its random term to the block's delay; the OJS policy waits the "
+                  "fitted delay exactly (jitter off)")
+        return fields
+    means = fit_schedule([min(max(b.mean, MIN_INTERVAL_S), MAX_INTERVAL_S) for b in bands])
+    notes.add("approximate", "sidekiq_retry_in",
+              f"Sidekiq adds its random term to the block's delay, and {fit.describe()} alone "
+              f"would wait too little; the policy is fitted to the expected sum instead: "
+              f"{means.describe()} ({means.error()}; jitter off)")
+    return schedule_fields(means, retries, jitter=False)
 
 
 def _version(version: str | None, notes: Notes) -> Version:

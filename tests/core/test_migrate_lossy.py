@@ -97,15 +97,36 @@ def test_an_asked_cap_is_noted_but_does_not_fail() -> None:
 
 
 def test_a_schedule_that_is_not_kept_is_lossy() -> None:
-    """Fidelity is judged on the whole schedule: a constant 30 s for 25 Sidekiq 8 retries
-    loses the random term Sidekiq adds (rand(10 * (count + 1))), two thirds of the window."""
-    code, out = migrate_json("sidekiq", '{"sidekiq_retry_in": 30}', "--version", "8.1")
+    """Fidelity is judged retry by retry: a block alternating 1 s and 601 s has no OJS
+    shape; the fit keeps the window, but half the retries are far off."""
+    code, out = migrate_json("sidekiq", '{"retry": 10, "sidekiq_retry_in": '
+                             '"count % 2 * 600 + 1"}', "--version", "6.0")
     assert code == 3
     [m] = out["migrations"]
     assert m["fidelity"]["faithful"] is False
-    assert m["fidelity"]["window_ratio"] == pytest.approx(0.317, abs=0.01)
+    assert m["fidelity"]["window_ratio"] == pytest.approx(1.0, abs=0.01)
     assert any(n["severity"] == "lossy" and n["text"].startswith("the schedule is not kept")
                for n in m["notes"])
+
+
+def test_sidekiqs_random_term_on_a_block_is_kept_in_the_fit() -> None:
+    """Since 6.5.2 Sidekiq adds rand(10 * (count + 1)) to a block's delay (8.x): for
+    ``10 * (count + 1)`` the block alone is a third short of the window, so the policy is
+    fitted to the expected sum, not called exact and then lossy."""
+    for version, retries in (("8.1", 10), ("7.3", 10), ("8.1", 25)):
+        code, out = migrate_json("sidekiq", f'{{"retry": {retries}, "sidekiq_retry_in": '
+                                 '"10 * (count + 1)"}', "--version", version)
+        assert code == 0, out
+        [m] = out["migrations"]
+        assert m["fidelity"]["faithful"] is True
+        assert m["fidelity"]["window_ratio"] == pytest.approx(1.0, abs=0.05)
+        assert any("fitted to the expected sum" in n["text"] for n in m["notes"])
+    code, out = migrate_json("sidekiq", '{"sidekiq_retry_in": 30}', "--version", "8.1")
+    assert code == 0, out  # a constant 30 s under a random term growing to 250 s: refitted
+    code, out = migrate_json("sidekiq", '{"sidekiq_retry_in": "30 * (count + 1)"}',
+                             "--version", "8.1")
+    [m] = out["migrations"]  # the block alone keeps the window: its own shape stays
+    assert m["policy"]["initial_interval"] == "PT30S" and code == 0
 
 
 # -- the Sidekiq cases of the issue ------------------------------------------------------
