@@ -24,6 +24,7 @@ from typing import Any, Literal
 DURATION_UNITS: dict[str, int] = {
     "second": 1, "seconds": 1, "minute": 60, "minutes": 60, "hour": 3_600, "hours": 3_600,
     "day": 86_400, "days": 86_400, "week": 604_800, "weeks": 604_800,
+    "month": 2_629_746, "months": 2_629_746, "year": 31_556_952, "years": 31_556_952,
 }
 #: Longest expression and deepest nesting read; past them the text is reported, not read.
 MAX_LENGTH, MAX_DEPTH = 400, 40

@@ -41,6 +41,8 @@ SIDEKIQ_JITTER: tuple[tuple[tuple[int, int, int], int, bool], ...] = (
 RESULT_SYMBOLS_SINCE = (6, 5, 2)
 #: The longest delay modelled (about 31 million years): keeps every figure finite.
 _LONGEST_S = 1e15
+#: The longest duration an option may give (about 31,700 years; a timedelta holds 2.7 million).
+_LONGEST_SPAN_S = 1e12
 Version = tuple[int, int, int]
 Action = Literal["kill", "discard"]
 #: One answer of the block: a delay formula, an action, or ``None`` (Sidekiq's default).
@@ -143,7 +145,16 @@ def _formula(value: Any) -> Formula:
 
 
 def seconds_of(value: Any, key: str) -> float:
-    """Seconds from a number, ``'3.days'`` or an ISO 8601 duration."""
+    """Seconds from a number, ``'3.days'`` or an ISO 8601 duration; at most about 31,700
+    years (``_LONGEST_SPAN_S``), so every figure derived from it stays finite."""
+    seconds = _seconds_of(value, key)
+    if not 0 <= seconds <= _LONGEST_SPAN_S:
+        raise bad_option(DIALECT, key, value, f"must be between 0 and {_LONGEST_SPAN_S:g} "
+                         "seconds")
+    return seconds
+
+
+def _seconds_of(value: Any, key: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     if isinstance(value, str):

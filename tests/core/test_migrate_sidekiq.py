@@ -139,6 +139,15 @@ def test_retry_for_and_retry_both_limit_before_8_1() -> None:
                         version="8.0").policy.max_attempts == 17  # type: ignore[union-attr]
 
 
+def test_retry_for_out_of_range_names_the_field_and_years_are_read() -> None:
+    for window in (1e15, -5, "1000000.years"):
+        with pytest.raises(OjsValidationError, match="retry_for") as raised:
+            from_sidekiq({"retry_for": window}, version="8.1")
+        assert raised.value.details["field"] == "retry_for"
+    decade = from_sidekiq({"retry_for": "10.years"}, version="8.1")  # ActiveSupport's year
+    assert decade.policy is not None and decade.policy.max_attempts > 25
+
+
 def test_retry_for_unknown_before_7_1_3_is_reported() -> None:
     m = from_sidekiq({"retry": 3, "retry_for": 3600}, version="7.1.2")
     assert m.policy.max_attempts == 4  # type: ignore[union-attr]
