@@ -21,7 +21,8 @@ import yaml
 
 from ojs_adapters.errors import OjsValidationError
 from ojs_adapters.migrate._model import Migration, Note
-from ojs_adapters.migrate._ruby import RubyJob, read_ruby, resolve
+from ojs_adapters.migrate._ruby import DEFAULTS, RubyJob, read_ruby
+from ojs_adapters.migrate._ruby_classes import Resolved, resolve
 from ojs_adapters.migrate.bullmq import from_bullmq
 from ojs_adapters.migrate.celery import from_celery
 from ojs_adapters.migrate.dramatiq import from_dramatiq
@@ -108,16 +109,43 @@ def migrate_path(dialect: str, path: str | Path, **options: Any) -> list[Migrati
         p for p in root.rglob("*") if p.is_file() and p.suffix in spec.suffixes)
     texts = {file: file.read_text(encoding="utf-8", errors="replace") for file in files}
     # Ruby files are read together: a job's superclass and Sidekiq's defaults may live in
-    # another file of the run.
-    ruby = _from_ruby_files(spec, [(str(f), t) for f, t in texts.items() if f.suffix == ".rb"],
-                            options)
+    # another file of the run, or in Sidekiq's own config file (``:max_retries:``).
+    configs = {f: wide for f, t in texts.items() if f.suffix != ".rb"
+               and (wide := _sidekiq_config(spec, f, t)) is not None}
+    found = [(str(f), job) for f, t in texts.items() if f.suffix == ".rb" for job in read_ruby(t)]
+    found += [(str(f), job) for f, job in configs.items()]
+    ruby = [_from_ruby(spec, row, options) for row in resolve(found)] if found else []
     out: list[Migration] = []
     for file, text in texts.items():
-        if file.suffix == ".rb":
+        if file.suffix == ".rb" or file in configs:
             out.extend(m for m in ruby if (m.origin or "").rpartition(":")[0] == str(file))
         else:
             out.extend(migrate_text(dialect, text, origin=str(file), **options))
     return out
+
+
+def _sidekiq_config(spec: Dialect, file: Path, text: str) -> RubyJob | None:
+    """Sidekiq's own config file (``config/sidekiq.yml``) as the Sidekiq-wide retry count
+    it sets, or ``None`` for any other file."""
+    if spec is not DIALECTS["sidekiq"]:
+        return None
+    try:
+        doc = load_document(text, str(file))
+    except OjsValidationError:
+        return None
+    if not isinstance(doc, Mapping):
+        return None
+    keys = {str(k).lstrip(":"): v for k, v in doc.items()}
+    if "max_retries" not in keys or not (keys.keys() & _SIDEKIQ_CONFIG
+                                         or file.name in ("sidekiq.yml", "sidekiq.yaml")):
+        return None
+    line = next((n for n, t in enumerate(text.splitlines(), 1) if "max_retries" in t), 1)
+    return RubyJob(DEFAULTS[2], line, {"max_retries": keys["max_retries"]}, kind="defaults")
+
+
+#: Keys of Sidekiq's own config file besides ``max_retries``.
+_SIDEKIQ_CONFIG = {"concurrency", "queues", "timeout", "verbose", "pidfile", "logfile",
+                   "require", "environment", "tag", "labels", "strict", "capsules"}
 
 
 def _dialect(name: str) -> Dialect:
@@ -168,23 +196,18 @@ def _named(item: Mapping[Any, Any], spec: Dialect) -> tuple[str | None, dict[Any
 def _from_ruby_files(spec: Dialect, texts: list[tuple[str, str]],
                      options: Mapping[str, Any]) -> list[Migration]:
     found = [(origin, job) for origin, text in texts for job in read_ruby(text)]
-    return [_from_ruby(spec, origin, job, said, options)
-            for origin, job, said in resolve(found)]
+    return [_from_ruby(spec, row, options) for row in resolve(found)]
 
 
-def _from_ruby(spec: Dialect, origin: str, job: RubyJob, said: tuple[str, ...],
-               options: Mapping[str, Any]) -> Migration:
-    migration = spec.translate(job.options, name=job.name, origin=f"{origin}:{job.line}",
+def _from_ruby(spec: Dialect, row: Resolved, options: Mapping[str, Any]) -> Migration:
+    job = row.job
+    migration = spec.translate(job.options, name=job.name, origin=f"{row.origin}:{job.line}",
                                **_kwargs(spec, options))
-    seen = [Note("info", None, text) for text in said]
-    seen += [Note("info", None, f"line {at}: dynamic Ruby left unevaluated: {text}")
-             for at, text in job.dynamic]
-    if job.exhausted is not None:
-        seen.append(Note("lossy", "sidekiq_retries_exhausted", f"line {job.exhausted}: a "
-                         "block run when retries are exhausted is not part of an OJS policy; "
-                         "hook the adapters' dead-letter event (ojs_adapters.runtime.alerts."
-                         "on_dead_letter)"))
-    return Migration(migration.dialect, migration.policy, migration.notes + tuple(seen),
+    notes = row.notes
+    if job.kind == "defaults" or job.name is None:  # no class: its own dynamic lines
+        notes += tuple(Note("info", None, f"line {at}: dynamic Ruby left unevaluated: {text}")
+                       for at, text in job.dynamic)
+    return Migration(migration.dialect, migration.policy, migration.notes + notes,
                      migration.fidelity, migration.handler_codes, migration.name,
                      migration.origin, migration.options)
 

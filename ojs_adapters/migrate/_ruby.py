@@ -1,10 +1,11 @@
 """A tolerant reader of literal ``sidekiq_options`` in Ruby source.
 
 It also reads ``Sidekiq.default_job_options = {...}`` (and the older
-``default_worker_options``) and ``config[:max_retries] = N``, reported under those
-names, each class's superclass and ``include Sidekiq::Job``, and where a class sets
-``sidekiq_retries_exhausted``; ``resolve`` then gives each job class the options Sidekiq
-would (the defaults, then its ancestors', then its own).
+``default_worker_options``) and ``config[:max_retries] = N`` in a ``configure_server``
+block, reported under those names; and for each class or module (named with the modules
+around it, found by indentation: an ``end`` closes what opened at its column) its
+superclass, the modules it includes and where it sets ``sidekiq_retries_exhausted``, for
+``_ruby_classes.resolve`` to give each job class the options Sidekiq would.
 
 It understands only literals: integers, floats, ``true``/``false``/``nil``,
 symbols, quoted strings and ``N.unit`` durations (``3.days``). A
@@ -26,10 +27,16 @@ from typing import Any
 from ojs_adapters.migrate._arith import DURATION_UNITS
 from ojs_adapters.migrate._ruby_block import read_block
 
-_CLASS = re.compile(r"^\s*class\s+([A-Z][\w:]*)(?:\s*<\s*([A-Z][\w:]*))?")
-_INCLUDE = re.compile(r"^\s*include\s+Sidekiq::(?:Job|Worker)\b")
+_CLASS = re.compile(r"^(\s*)class\s+(?:::)?([A-Z][\w:]*)(?:\s*<\s*(?:::)?([A-Z][\w:]*))?")
+_MODULE = re.compile(r"^(\s*)module\s+(?:::)?([A-Z][\w:]*)")
+_END = re.compile(r"^(\s*)end\b")
+_ONE_LINE = re.compile(r"(;|\s)end\s*$")
+_INCLUDE = re.compile(r"^\s*include\s+(?:::)?([A-Z][\w:]*)")
+_JOB_MODULES = {"Sidekiq::Job", "Sidekiq::Worker"}
 _EXHAUSTED = re.compile(r"^\s*sidekiq_retries_exhausted\b")
-_MAX_RETRIES = re.compile(r"\[\s*:max_retries\s*\]\s*=\s*([^=].*)$")
+_CONFIGURE = re.compile(r"Sidekiq\.configure_(?:server|client)\s*(?:do|\{)\s*\|\s*(\w+)\s*\|")
+_MAX_RETRIES = re.compile(r"^\s*([\w.]+)\[\s*:max_retries\s*\]\s*=\s*([^=].*)$")
+_SIDEKIQ_WIDE = {"Sidekiq", "Sidekiq.options", "Sidekiq.default_configuration"}
 #: The names ``read_ruby`` reports Sidekiq-wide settings under.
 DEFAULTS = ("Sidekiq.default_job_options", "Sidekiq.default_worker_options",
             "Sidekiq[:max_retries]")
@@ -53,9 +60,11 @@ class Dynamic(str):
 class RubyJob:
     """The literal Sidekiq options of one class, and what could not be read.
 
-    ``dynamic`` holds ``(line, text)`` pairs for every expression left alone;
-    ``parent`` the superclass; ``exhausted`` the line of a ``sidekiq_retries_exhausted``;
-    ``declared`` false for a class known only as some class's subclass.
+    ``dynamic`` holds ``(line, text)`` pairs for every expression left alone. For a
+    class or module: ``kind``; ``parent``, the superclass as written, and ``scope``, the
+    modules around it (where Ruby looks names up); ``mixins``, the modules it includes;
+    ``exhausted``, the line of a ``sidekiq_retries_exhausted``; ``declared``, whether it
+    is a job by itself (``include Sidekiq::Job``, ``sidekiq_options``).
     """
 
     name: str | None
@@ -64,127 +73,115 @@ class RubyJob:
     dynamic: tuple[tuple[int, str], ...] = ()
     parent: str | None = None
     exhausted: int | None = None
-    declared: bool = True  # a job by itself (options, ``include Sidekiq::Job``)
+    declared: bool = True
+    kind: str = "class"
+    scope: tuple[str, ...] = ()
+    mixins: tuple[str, ...] = ()
 
 
 def read_ruby(text: str) -> list[RubyJob]:
-    """Every ``sidekiq_options`` call in ``text``, with the class it belongs to, and every
-    class that is a job without one (it includes ``Sidekiq::Job`` or has a superclass,
-    which ``resolve`` looks at)."""
-    jobs: list[RubyJob] = []
-    classes: dict[str, tuple[int, str | None, bool]] = {}  # name: line, parent, includes
-    exhausted: dict[str, int] = {}
-    current_class: str | None = None
+    """Every class and module of ``text`` that sets Sidekiq options, includes a module or
+    has a superclass (``_ruby_classes.resolve`` decides which are jobs), and the
+    Sidekiq-wide settings, in the order of their lines."""
+    reader = _Reader()
     lines = text.splitlines()
     index = 0
     while index < len(lines):
+        index = reader.line(lines, index) + 1
+    return reader.found()
+
+
+class _Reader:
+    """``read_ruby``'s state: the classes and modules open at the current line."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str | None, RubyJob] = {}  # by owner (class, module or None)
+        self.wide: list[RubyJob] = []  # Sidekiq-wide settings
+        self.scopes: list[tuple[int, str, str]] = []  # (column, kind, qualified name)
+        self.configure: str | None = None
+
+    def found(self) -> list[RubyJob]:
+        kept = [e for e in self.entries.values()
+                if e.declared or e.parent or e.mixins or e.exhausted]
+        return sorted([*kept, *self.wide], key=lambda job: job.line)
+
+    def entry(self, owner: str | None, number: int) -> RubyJob:
+        if owner not in self.entries:
+            kind = next((k for _, k, n in reversed(self.scopes) if n == owner), "class")
+            scope = tuple(n for _, _, n in self.scopes if n != owner)
+            self.entries[owner] = RubyJob(owner, number, {}, declared=False, kind=kind,
+                                          scope=scope)
+        return self.entries[owner]
+
+    def line(self, lines: list[str], index: int) -> int:
+        """Read the line at ``index`` (and the lines a call continues on); the last index."""
         line = _strip_comment(lines[index])
         number = index + 1
-        match = _CLASS.match(line)
-        if match:
-            current_class = match.group(1)
-            classes[current_class] = (number, match.group(2), False)
-        elif current_class and _INCLUDE.match(line):
-            classes[current_class] = (*classes[current_class][:2], True)
-        elif current_class and _EXHAUSTED.match(line):
-            exhausted[current_class] = number
-        call = _options_call(line, current_class)
+        owner = self.scopes[-1][2] if self.scopes else None
+        ended = _END.match(line)
+        opened = _CLASS.match(line) or _MODULE.match(line)
+        if ended:
+            while self.scopes and self.scopes[-1][0] >= len(ended.group(1)):
+                self.scopes.pop()
+        elif opened:
+            self.open(opened, line, number)
+        elif owner is not None and (include := _INCLUDE.match(line)):
+            found = self.entry(owner, number)
+            module = include.group(1)
+            self.entries[owner] = replace(found, mixins=(*found.mixins, module),
+                                          declared=found.declared or module in _JOB_MODULES)
+        elif owner is not None and _EXHAUSTED.match(line):
+            self.entries[owner] = replace(self.entry(owner, number), exhausted=number)
+        if (configured := _CONFIGURE.search(line)) is not None:
+            self.configure = configured.group(1)
+        call = _options_call(line, owner)
         retry_in = _RETRY_IN.match(line)
-        most = _MAX_RETRIES.search(line)
+        most = _MAX_RETRIES.match(line)
         if call is not None:
             body, index = _continued(call[1], lines, index)
             options, dynamic = _parse_pairs(body, number)
-            jobs.append(RubyJob(call[0], number, options, tuple(dynamic)))
+            if call[0] in DEFAULTS:
+                self.wide.append(RubyJob(call[0], number, options, tuple(dynamic),
+                                         kind="defaults"))
+            else:
+                found = self.entry(call[0], number)
+                self.entries[call[0]] = replace(
+                    found, options={**found.options, **options}, declared=True,
+                    dynamic=found.dynamic + tuple(dynamic),
+                    line=found.line if found.options else number)  # where the options are
         elif retry_in:
             block, index = _block(retry_in.group(1), lines, index)
-            where = _job_for(jobs, current_class, number)
-            jobs[where] = _with_retry_in(jobs[where], block, number, retry_in.group(1))
-        elif most:
-            value = ruby_literal(most.group(1))
-            dynamic_at = ((number, f"max_retries = {value}"),) if isinstance(value, Dynamic) else ()
-            jobs.append(RubyJob(DEFAULTS[2], number, {"max_retries": value}, dynamic_at))
-        index += 1
-    named = {job.name for job in jobs}
-    for name, (number, parent, includes) in classes.items():
-        if name not in named and (includes or parent):
-            jobs.append(RubyJob(name, number, {}, declared=includes))
-    return [replace(job, parent=classes[job.name][1], exhausted=exhausted.get(job.name))
-            if job.name in classes else job for job in jobs]
+            found = _with_retry_in(self.entry(owner, number), block, number, retry_in.group(1))
+            self.entries[owner] = replace(found, declared=True)
+        elif most and most.group(1) in (_SIDEKIQ_WIDE | {self.configure or "Sidekiq"}):
+            value = ruby_literal(most.group(2))
+            dynamic_at = ((number, f"max_retries = {value}"),) if isinstance(value, Dynamic) \
+                else ()
+            self.wide.append(RubyJob(DEFAULTS[2], number, {"max_retries": value}, dynamic_at,
+                                     kind="defaults"))
+        return index
 
-
-def resolve(found: list[tuple[str, RubyJob]]) -> list[tuple[str, RubyJob, tuple[str, ...]]]:
-    """Each job class of a run (``(origin, job)`` pairs, in order) with the options Sidekiq
-    gives it: the run's defaults, then its ancestors', then its own (``sidekiq_options``
-    merges into the inherited ones); with what it took from where. A class that is no job
-    (no ``sidekiq_options``, no ``include Sidekiq::Job``, none in its ancestors) is left out.
-    """
-    classes: dict[str, tuple[str, RubyJob]] = {}
-    for origin, job in found:
-        if job.name is not None and job.name not in DEFAULTS:
-            classes[job.name] = (origin, _merged(classes[job.name][1], job)
-                                 if job.name in classes else job)
-    defaults: dict[str, Any] = {}
-    taken: list[str] = []
-    for origin, job in found:
-        if job.name in DEFAULTS:
-            defaults.update(job.options)
-            taken.append(f"{', '.join(job.options)} from {job.name} ({origin}:{job.line})")
-    out: list[tuple[str, RubyJob, tuple[str, ...]]] = []
-    done: set[str] = set()
-    for origin, job in found:
-        if job.name is None or job.name in DEFAULTS:
-            out.append((origin, job, ()))
-            continue
-        if job.name in done:
-            continue
-        done.add(job.name)
-        chain = _ancestors(job.name, classes)
-        if not any(entry.declared for _, entry in chain):
-            continue
-        said = [f"Sidekiq-wide: {t}" for t in taken] if defaults else []
-        options, exhausted = dict(defaults), None
-        dynamic: list[tuple[int, str]] = []
-        for at, entry in chain:
-            if entry.name != job.name and entry.options:
-                said.append(f"inherited from {entry.name} ({at}:{entry.line}): "
-                            f"{', '.join(entry.options)}")
-            options.update(entry.options)
-            dynamic.extend(entry.dynamic)
-            exhausted = entry.exhausted or exhausted
-        mine = classes[job.name][1]
-        out.append((classes[job.name][0], replace(mine, options=options, dynamic=tuple(dynamic),
-                                                  exhausted=exhausted), tuple(said)))
-    return out
-
-
-def _merged(first: RubyJob, later: RubyJob) -> RubyJob:
-    """Two entries of one class (reopened, or two calls): the later options win."""
-    return replace(first, options={**first.options, **later.options},
-                   dynamic=first.dynamic + later.dynamic, parent=first.parent or later.parent,
-                   exhausted=first.exhausted or later.exhausted,
-                   declared=first.declared or later.declared)
-
-
-def _ancestors(name: str, classes: dict[str, tuple[str, RubyJob]]) -> list[tuple[str, RubyJob]]:
-    """``name``'s ancestors found in the run, and itself; root first."""
-    chain: list[tuple[str, RubyJob]] = []
-    current: str | None = name
-    while current in classes and all(entry.name != current for _, entry in chain):
-        chain.append(classes[current])
-        current = classes[current][1].parent
-    return list(reversed(chain))
+    def open(self, opened: re.Match[str], line: str, number: int) -> None:
+        """A ``class`` or ``module`` line: its entry, and its scope unless it ends there."""
+        kind = "class" if opened.re is _CLASS else "module"
+        outer = self.scopes[-1][2] if self.scopes else None
+        name = f"{outer}::{opened.group(2)}" if outer else opened.group(2)
+        if not _ONE_LINE.search(line):
+            self.scopes.append((len(opened.group(1)), kind, name))
+        found = self.entry(name, number)
+        parent = opened.group(3) if kind == "class" else None
+        self.entries[name] = replace(found, parent=found.parent or parent, kind=kind)
 
 
 def _with_retry_in(job: RubyJob, block: str, line: int, first: str) -> RubyJob:
     """``job`` with its ``sidekiq_retry_in`` answers, or the block as dynamic."""
     answers = read_block(block)
     if answers is not None:
-        return RubyJob(job.name, job.line, {**job.options, "sidekiq_retry_in": answers},
-                       job.dynamic)
+        return replace(job, options={**job.options, "sidekiq_retry_in": answers})
     results = sorted({f":{s}" for s in _RESULT_SYMBOL.findall(block)})
     said = f" returning {', '.join(results)} in some cases" if results else ""
-    return RubyJob(job.name, job.line, {**job.options, "sidekiq_retry_in": Dynamic("block" + said)},
-                   (*job.dynamic, (line, "sidekiq_retry_in " + first.strip())))
+    return replace(job, options={**job.options, "sidekiq_retry_in": Dynamic("block" + said)},
+                   dynamic=(*job.dynamic, (line, "sidekiq_retry_in " + first.strip())))
 
 
 def _options_call(line: str, current_class: str | None) -> tuple[str | None, str] | None:
@@ -293,15 +290,6 @@ def _block(first: str, lines: list[str], index: int) -> tuple[str, int]:
         if stripped == "end" or stripped.startswith("end ") or stripped == "}":
             depth -= 1
     return body, index
-
-
-def _job_for(jobs: list[RubyJob], name: str | None, line: int) -> int:
-    """Index of the latest job of class ``name``, adding an empty one if there is none."""
-    for index in range(len(jobs) - 1, -1, -1):
-        if jobs[index].name == name:
-            return index
-    jobs.append(RubyJob(name, line, {}, ()))
-    return len(jobs) - 1
 
 
 def _strip_comment(line: str) -> str:

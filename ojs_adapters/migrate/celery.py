@@ -52,9 +52,10 @@ _RETRY_KWARGS = {
     "queue": "sends each retry to another queue; a policy has no queue: route the task",
     "priority": "gives each retry another priority; a policy has none: set it on the task",
     "eta": "a fixed time for each retry; the policy computes the delay",
-    "exc": "the error each retry reports; OJS records the one raised",
-    "throw": "whether Task.retry() raises; an OjsTask's retry always ends the attempt",
 }
+#: ``retry_kwargs`` keys autoretry ignores (``throw``) or cannot take (``exc``: it passes
+#: the error itself, so Celery raises TypeError for a second one).
+_RETRY_KWARGS_INERT = {"throw"}
 _KNOWN = {"max_retries", "default_retry_delay", "autoretry_for", "dont_autoretry_for",
           "retry_backoff", "retry_backoff_max", "retry_jitter", "retry_kwargs"}
 
@@ -73,6 +74,10 @@ def from_celery(options: Mapping[str, Any] | None, *, unbounded_attempts: int | 
     if not isinstance(kwargs, Mapping):
         raise bad_option(DIALECT, "retry_kwargs", kwargs, "must be a mapping")
     kwargs = dict(kwargs)
+    if kwargs and not get_names(opts, "autoretry_for", DIALECT):
+        notes.add("info", "retry_kwargs", "used only by autoretry_for, which is not set: "
+                  "self.retry() takes max_retries and default_retry_delay")
+        kwargs = {}
     _note_retry_kwargs(kwargs, notes)
     source, key = (kwargs, "retry_kwargs.max_retries") if "max_retries" in kwargs \
         else (opts, "max_retries")
@@ -155,7 +160,10 @@ def _fixed_delay(opts: dict[str, Any], kwargs: dict[str, Any]) -> float:
 
 def _note_retry_kwargs(kwargs: dict[str, Any], notes: Notes) -> None:
     """What ``Task.retry(**retry_kwargs)`` takes besides a count and a countdown."""
-    for key in sorted(set(kwargs) - {"max_retries", "countdown"}):
+    if "exc" in kwargs:
+        raise bad_option(DIALECT, "retry_kwargs", kwargs, "must not hold exc: autoretry passes "
+                         "the error itself, so Celery fails every retry with a TypeError")
+    for key in sorted(set(kwargs) - {"max_retries", "countdown"} - _RETRY_KWARGS_INERT):
         effect = _RETRY_KWARGS.get(key, "is passed to Task.retry(), which a policy cannot say")
         notes.add("lossy", f"retry_kwargs.{key}", effect)
 

@@ -219,11 +219,17 @@ def _with_random_term(fields: dict[str, Any], fit: Fit, bands: list[Band], retri
                   "fitted delay exactly (jitter off)")
         return fields
     means = fit_schedule([min(max(b.mean, MIN_INTERVAL_S), MAX_INTERVAL_S) for b in bands])
+    refit = schedule_fields(means, retries, jitter=False)
+    if not compare(bands, policy_from({**refit, "max_attempts": retries + 1})).faithful:
+        notes.add("approximate", "sidekiq_retry_in",  # the shape, not the random term
+                  "Sidekiq adds its random term to the block's delay; the OJS policy waits the "
+                  "fitted delay exactly (jitter off)")
+        return fields
     notes.add("approximate", "sidekiq_retry_in",
               f"Sidekiq adds its random term to the block's delay, and {fit.describe()} alone "
               f"would wait too little; the policy is fitted to the expected sum instead: "
               f"{means.describe()} ({means.error()}; jitter off)")
-    return schedule_fields(means, retries, jitter=False)
+    return refit
 
 
 def _version(version: str | None, notes: Notes) -> Version:

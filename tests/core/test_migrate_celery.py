@@ -27,6 +27,15 @@ def test_retry_kwargs_beyond_a_count_and_a_countdown_are_reported() -> None:
     assert {n.field for n in m.notes if n.severity == "lossy"} == {
         "retry_kwargs.priority", "retry_kwargs.queue"}
     assert m.lossy and not m.ok
+    inert = from_celery({"autoretry_for": ["Exception"], "retry_kwargs": {"throw": False}})
+    assert not inert.lossy  # autoretry raises whatever throw says
+    with pytest.raises(OjsValidationError, match="retry_kwargs"):
+        from_celery({"autoretry_for": ["Exception"], "retry_kwargs": {"exc": "x"}})
+    # Without autoretry_for, retry_kwargs does nothing: self.retry() keeps the task's own.
+    bare = from_celery({"retry_kwargs": {"max_retries": 10, "countdown": 5, "queue": "slow"}})
+    assert bare.policy is not None and bare.policy.max_attempts == 4
+    assert bare.policy.schedule() == [180.0] * 3
+    assert not any(n.field == "retry_kwargs.queue" for n in bare.notes)
 
 
 def test_max_retries_none_is_reported_not_silently_capped() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -54,7 +55,7 @@ def test_literal_sidekiq_options_are_read() -> None:
     jobs = {job.name: job for job in read_ruby(RUBY)}
     assert jobs["HardJob"].options == {"retry": 5, "dead": False}
     assert jobs["HardJob"].dynamic == ()
-    charge = jobs["ChargeJob"]
+    charge = jobs["Billing::ChargeJob"]  # named as Ruby names it, with its module
     assert charge.options["retry"] == 0
     assert charge.options["retry_for"] == 172_800
     assert charge.options["queue"] == "critical"
@@ -62,7 +63,7 @@ def test_literal_sidekiq_options_are_read() -> None:
 
 def test_dynamic_ruby_is_reported_not_guessed() -> None:
     jobs = {job.name: job for job in read_ruby(RUBY)}
-    charge = jobs["ChargeJob"]
+    charge = jobs["Billing::ChargeJob"]
     assert isinstance(charge.options["dead"], Dynamic)
     # A block of literal answers is read (issue 16); only the ENV[...] value stays dynamic.
     assert charge.options["sidekiq_retry_in"] == {"CardStolen": ":kill", "Stale": ":discard",
@@ -104,9 +105,9 @@ def test_ruby_file_migration_keeps_origin_lines(tmp_path: Path) -> None:
     found = {m.name: m for m in migrate_path("sidekiq", tmp_path)}
     assert found["HardJob"].policy.max_attempts == 6  # type: ignore[union-attr]
     assert found["HardJob"].origin.endswith("jobs.rb:4")  # type: ignore[union-attr]
-    assert found["ChargeJob"].policy is None  # dead: ENV[...] decides where it goes
+    assert found["Billing::ChargeJob"].policy is None  # dead: ENV[...] decides where it goes
     assert found["TunedJob"].policy is None
-    assert any("line 9" in n.text for n in found["ChargeJob"].notes)
+    assert any("line 9" in n.text for n in found["Billing::ChargeJob"].notes)
 
 
 def test_a_job_takes_its_superclass_and_sidekiq_wide_options_across_files(
@@ -137,6 +138,72 @@ def test_a_job_takes_its_superclass_and_sidekiq_wide_options_across_files(
     assert report is not None and report.max_attempts == 8  # config[:max_retries] = 7
     assert found["ReportJob"].origin.endswith("jobs.rb:19")  # type: ignore[union-attr]
     assert not found["ReportJob"].lossy
+
+
+def _rows(tmp_path: Path, files: dict[str, str]) -> dict[str | None, Any]:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return {m.name: m for m in migrate_path("sidekiq", tmp_path)}
+
+
+def test_classes_are_named_and_closed_as_ruby_does(tmp_path: Path) -> None:
+    found = _rows(tmp_path, {
+        "hard_job.rb": "class HardJob\n  include Sidekiq::Job\n"
+                       "  class RateLimited < StandardError; end\n"
+                       "  class Inner < StandardError\n  end\n"
+                       "  sidekiq_options retry: 5, dead: false\nend\n",
+        "billing.rb": "module Billing\n  class SyncJob\n    include Sidekiq::Job\n"
+                      "    sidekiq_options retry: 1\n  end\nend\n",
+        "crm.rb": "module Crm\n  class SyncJob\n    include Sidekiq::Job\n"
+                  "    sidekiq_options retry: 10, dead: false\n  end\nend\n",
+        "jobs/base.rb": "module Jobs\n  class Base\n    include Sidekiq::Job\n"
+                        "    sidekiq_options retry: 3, dead: false\n  end\nend\n",
+        "charge.rb": "module Billing\n  class ChargeJob < Jobs::Base\n  end\n"
+                     "  class RefundJob < ::Jobs::Base\n    sidekiq_options queue: 'low'\n"
+                     "  end\nend\nmodule Serializers\n  class Base\n  end\n"
+                     "  class UserSerializer < Base\n  end\nend\n",
+        "report.rb": "class ReportJob < ApplicationJob\nend\n\nclass ReportJob\n"
+                     "  def helper; end\nend\n",
+        "app.rb": "class ApplicationJob\n  include Sidekiq::Job\n  sidekiq_options retry: 2\n"
+                  "end\n",
+    })
+    attempts = {name: (m.policy.max_attempts, m.policy.on_exhaustion)
+                for name, m in found.items() if m.policy is not None}
+    assert attempts == {
+        "HardJob": (6, "discard"), "Billing::SyncJob": (2, "dead_letter"),
+        "Crm::SyncJob": (11, "discard"), "Jobs::Base": (4, "discard"),
+        "Billing::ChargeJob": (4, "discard"), "Billing::RefundJob": (4, "discard"),
+        "ReportJob": (3, "dead_letter"), "ApplicationJob": (3, "dead_letter")}
+    assert found["HardJob"].origin.endswith("hard_job.rb:6")  # type: ignore[union-attr]
+
+
+def test_inherited_blocks_concerns_and_sidekiq_wide_settings_say_where_they_are(
+        tmp_path: Path) -> None:
+    found = _rows(tmp_path, {
+        "a_child.rb": "class ChildJob < ApplicationJob\n  sidekiq_options queue: 'low'\nend\n",
+        "b_base.rb": "class ApplicationJob\n  include Sidekiq::Job\n  include Retryable\n"
+                     "  sidekiq_retries_exhausted do |job, ex|\n    Alert.call(job)\n  end\n"
+                     "end\n",
+        "c_concern.rb": "module Retryable\n  extend ActiveSupport::Concern\n  included do\n"
+                        "    sidekiq_options retry: 4, dead: false\n  end\nend\n",
+        "d_client.rb": "class Client\n  def opts\n    h = {}\n    h[:max_retries] = 2\n"
+                       "  end\nend\n",
+        "config/sidekiq.yml": ":concurrency: 5\n:max_retries: 7\n:queues:\n  - default\n",
+        "e_plain.rb": "class PlainJob\n  include Sidekiq::Job\nend\nclass OrphanJob < Gone\n"
+                      "  sidekiq_options queue: 'x'\nend\n",
+    })
+    assert "Retryable" not in found  # a concern some class includes is no row of its own
+    child = found["ChildJob"]
+    assert child.policy is not None
+    assert (child.policy.max_attempts, child.policy.on_exhaustion) == (5, "discard")
+    [exhausted] = [n for n in child.notes if n.field == "sidekiq_retries_exhausted"]
+    assert "b_base.rb:4" in exhausted.text and child.lossy
+    plain = found["PlainJob"].policy
+    assert plain is not None and plain.max_attempts == 8  # sidekiq.yml's :max_retries: 7
+    assert None not in found  # the config file is no job of its own
+    orphan = found["OrphanJob"]
+    assert any("superclass Gone is not in the files read" in n.text for n in orphan.notes)
 
 
 ruby_values = st.fixed_dictionaries(

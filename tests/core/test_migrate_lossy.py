@@ -127,6 +127,10 @@ def test_sidekiqs_random_term_on_a_block_is_kept_in_the_fit() -> None:
                              "--version", "8.1")
     [m] = out["migrations"]  # the block alone keeps the window: its own shape stays
     assert m["policy"]["initial_interval"] == "PT30S" and code == 0
+    code, out = migrate_json("sidekiq", '{"retry": 10, "sidekiq_retry_in": '
+                             '"count % 2 * 600 + 5"}', "--version", "8.1")
+    [m] = out["migrations"]  # lost by its shape: no refit, and no word of one
+    assert code == 3 and not any("expected sum" in n["text"] for n in m["notes"])
 
 
 # -- the Sidekiq cases of the issue ------------------------------------------------------

@@ -1,0 +1,132 @@
+"""Which classes of a Sidekiq app are jobs, and the options Sidekiq gives each.
+
+A job class gets the app's defaults (``Sidekiq.default_job_options``,
+``config[:max_retries]``), then, from its root ancestor down to itself, each class's
+included modules' options and its own: ``sidekiq_options`` merges into what is inherited.
+Names are looked up as Ruby looks constants up, from the innermost module outwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ojs_adapters.migrate._model import Note
+from ojs_adapters.migrate._ruby import RubyJob
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One row of a run: a job class (or module, or Sidekiq-wide setting) with the options
+    Sidekiq gives it, the file it is in, and notes on where they came from."""
+
+    origin: str
+    job: RubyJob
+    notes: tuple[Note, ...] = ()
+
+
+def resolve(found: list[tuple[str, RubyJob]]) -> list[Resolved]:
+    """The rows of a run from every ``(file, entry)`` ``read_ruby`` found, in order."""
+    named: dict[str, tuple[str, RubyJob]] = {}
+    for origin, job in found:
+        if job.name is not None and job.kind != "defaults":
+            named[job.name] = (named[job.name][0], _merged(named[job.name][1], job)) \
+                if job.name in named else (origin, job)
+    wide = [(origin, job) for origin, job in found if job.kind == "defaults"]
+    defaults: dict[str, Any] = {}
+    for _, job in wide:
+        defaults.update(job.options)
+    said = tuple(Note("info", None, f"Sidekiq-wide: {', '.join(job.options)} from {job.name} "
+                      f"({origin}:{job.line})") for origin, job in wide if job.options)
+    included = {m for _, job in named.values() for m in _found(job.mixins, job, named)}
+    rows: list[Resolved] = []
+    done: set[str] = set()
+    for origin, job in found:
+        if job.kind == "defaults" or job.name is None:
+            rows.append(Resolved(origin, job))
+        elif job.name not in done:
+            done.add(job.name)
+            row = _row(job.name, named, defaults, said, included)
+            if row is not None:
+                rows.append(row)
+    return rows
+
+
+def _row(name: str, named: dict[str, tuple[str, RubyJob]], defaults: dict[str, Any],
+         said: tuple[Note, ...], included: set[str]) -> Resolved | None:
+    origin, job = named[name]
+    if job.kind == "module":
+        if name in included or not (job.options or job.exhausted):
+            return None
+        return Resolved(origin, job, (Note("info", None, "a module: its options apply to "
+                                           "the classes that include it, none of them in "
+                                           "the files read"),))
+    chain, missing = _ancestors(name, named)
+    parts: list[tuple[str, str, RubyJob]] = []  # (how, origin, entry), root first
+    for at, entry in chain:
+        parts += [("from module", *named[m]) for m in _found(entry.mixins, entry, named)]
+        parts.append(("inherited from" if entry.name != name else "", at, entry))
+    if not any(entry.declared for _, _, entry in parts):
+        return None
+    notes = list(said) if defaults else []
+    options = dict(defaults)
+    exhausted: tuple[str, int] | None = None
+    for how, at, entry in parts:
+        if how and entry.options:
+            notes.append(Note("info", None, f"{how} {entry.name} ({at}:{entry.line}): "
+                              f"{', '.join(entry.options)}"))
+        options.update(entry.options)
+        notes += [Note("info", None, f"line {line} ({at}): dynamic Ruby left unevaluated: "
+                       f"{text}") for line, text in entry.dynamic]
+        if entry.exhausted is not None:
+            exhausted = (at, entry.exhausted)
+    if missing is not None:
+        notes.append(Note("approximate", None, f"superclass {missing} is not in the files "
+                          "read: any Sidekiq options it sets are not included (read the "
+                          "directory that holds it too)"))
+    if exhausted is not None:
+        notes.append(Note("lossy", "sidekiq_retries_exhausted", f"{exhausted[0]}:"
+                          f"{exhausted[1]}: a block run when retries are exhausted is not "
+                          "part of an OJS policy; hook the adapters' dead-letter event "
+                          "(ojs_adapters.runtime.alerts.on_dead_letter)"))
+    return Resolved(origin, replace(job, options=options), tuple(notes))
+
+
+def _ancestors(name: str, named: dict[str, tuple[str, RubyJob]],
+               ) -> tuple[list[tuple[str, RubyJob]], str | None]:
+    """``name`` and its ancestors found in the run, root first; and the first superclass
+    not found (``None`` if the chain ends at a class with none)."""
+    chain = [named[name]]
+    while chain[-1][1].parent is not None:
+        entry = chain[-1][1]
+        parent = _lookup(entry.parent or "", entry, named)
+        if parent is None or any(e.name == parent for _, e in chain):
+            return list(reversed(chain)), None if parent else entry.parent
+        chain.append(named[parent])
+    return list(reversed(chain)), None
+
+
+def _found(names: tuple[str, ...], where: RubyJob,
+           named: dict[str, tuple[str, RubyJob]]) -> list[str]:
+    """The modules among ``names`` that the run defines (as looked up from ``where``)."""
+    out = [_lookup(n, where, named) for n in names]
+    return [n for n in out if n is not None and named[n][1].kind == "module"]
+
+
+def _lookup(name: str, where: RubyJob, named: dict[str, tuple[str, RubyJob]]) -> str | None:
+    """The full name ``name``, written in ``where``, refers to, if the run defines it."""
+    for scope in (*reversed(where.scope), ""):
+        full = f"{scope}::{name}" if scope else name
+        if full in named:
+            return full
+    return None
+
+
+def _merged(first: RubyJob, later: RubyJob) -> RubyJob:
+    """A class opened again (here or in another file): the later options win."""
+    return replace(first, options={**first.options, **later.options},
+                   dynamic=first.dynamic + later.dynamic, parent=first.parent or later.parent,
+                   exhausted=later.exhausted or first.exhausted,
+                   declared=first.declared or later.declared,
+                   mixins=first.mixins + later.mixins)
+
