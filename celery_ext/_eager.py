@@ -50,7 +50,13 @@ from celery_ext.dlq import replay_info
 from celery_ext.records import RecordStore
 from ojs_adapters import JobContext, JobRecord, RetryPolicy, decide
 from ojs_adapters.failure import Failure, describe_failure
-from ojs_adapters.runtime._instant import jitter_sample, note_job, note_record
+from ojs_adapters.runtime._instant import (
+    RECORDERS_REGISTRY,
+    block_state,
+    jitter_sample,
+    note_job,
+    note_record,
+)
 from ojs_adapters.runtime.events import DecisionEvent, emit
 from ojs_adapters.runtime.handoff import error_headers
 
@@ -180,10 +186,36 @@ class _EagerJob:
                            dependency=self.dependency))
 
     def save(self, record: JobRecord) -> None:
-        """Store ``record`` as the worker does; a failed write is logged, never raised."""
+        """Store ``record`` as the worker does; a failed write is logged, never raised. A
+        backend that does not answer (asked once a block) is not written again in the
+        block: the records stay in memory (``retries.record()``), and no test waits out
+        the backend's own retries on every save."""
         note_record("celery", record)
+        app = self.task.app
+        if not block_state(("backend-answers", id(app)), partial(_answers, self.task)):
+            return
         try:
             self.store.save(record)
-        except Exception:
-            logger.warning("%s[%s]: cannot store the job record", self.task.name,
-                           self.request.id, exc_info=True)
+        except Exception as error:
+            RECORDERS_REGISTRY[0].state[("backend-answers", id(app))] = False
+            _unreachable(self.task, error)
+
+
+def _answers(task: Any) -> bool:
+    """Whether the task's result backend answers (a client's ``ping``, where it has one);
+    said once a block when it does not."""
+    ping = getattr(getattr(task.backend, "client", None), "ping", None)
+    if not callable(ping):
+        return True
+    try:
+        ping()
+    except Exception as error:
+        _unreachable(task, error)
+        return False
+    return True
+
+
+def _unreachable(task: Any, error: BaseException) -> None:
+    logger.warning("%s: the result backend does not answer (%r): in this instant_retries() "
+                   "block job records stay in memory (retries.record()); in tests use "
+                   "result_backend = 'cache+memory://'", task.name, error)

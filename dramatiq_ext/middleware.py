@@ -144,6 +144,7 @@ class OjsRetries(RetriesSettings):
         verdict, record, wrote, _ = admit(seat, fresh, deadline=deadline)
         if verdict == "run":
             vars(message)[ADMITTED] = True
+            note_job("dramatiq", message.message_id, broker)  # instant_retries() reads it
             if wrote and fresh is not None:
                 record = fresh  # saved by ``admit`` with the claim (one round trip)
             else:

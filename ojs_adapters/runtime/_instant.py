@@ -10,8 +10,10 @@ into a wait, what to hand the framework, and tell it where a job's record is:
 - ``jitter_sample(source)``: the jitter sample u, pinned by the recorder if it asks,
   else drawn from ``source`` as always.
 - ``note_job(framework, job_id, source)``: where a job's record lives (the Celery app
-  of an eager run, the Dramatiq broker of a decision), for ``RetryRecorder.record``;
+  of an eager run, the Dramatiq broker of a delivery), for ``RetryRecorder.record``;
   ``note_record(...)``: the record a Celery eager run built.
+- ``block_state(key, make)``: state that lasts one block (the retry budgets counted in
+  it, whether a result backend answers), so no test sees another's.
 
 No recorder active (production): each call costs one truth test of a list. This
 module imports no framework.
@@ -25,7 +27,7 @@ module imports no framework.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from ojs_adapters.history import JobRecord
 
@@ -46,9 +48,15 @@ class Recorder(Protocol):
         """An eager run built (and tried to store) ``record``."""
         ...
 
+    @property
+    def state(self) -> dict[object, Any]:
+        """State kept for the length of the block (``block_state``)."""
+        ...
+
 
 #: Registry of the active recorders, innermost last; empty outside ``instant_retries()``.
 RECORDERS_REGISTRY: list[Recorder] = []
+T = TypeVar("T")
 
 
 def active() -> bool:
@@ -86,3 +94,12 @@ def note_record(framework: str, record: JobRecord) -> None:
     """Hand the active recorders a record an eager run built."""
     for recorder in tuple(RECORDERS_REGISTRY):
         recorder.note_record(framework, record)
+
+
+def block_state(key: object, make: Callable[[], T]) -> T:
+    """The value of ``key`` for the outermost active block, made by ``make`` the first
+    time it is asked for (call it only while a recorder is active)."""
+    state = RECORDERS_REGISTRY[0].state
+    if key not in state:
+        state[key] = make()
+    return state[key]  # type: ignore[no-any-return]

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ojs_adapters.errors import OjsValidationError
+from ojs_adapters.runtime._instant import RECORDERS_REGISTRY, block_state
 
 #: Length of the rolling window, in seconds (R-7).
 WINDOW_SECONDS = 30
@@ -216,10 +217,22 @@ class RetryBudgets:
         self.prefix = prefix
         self._budgets: dict[str, AnyRetryBudget] = {}
         self._lock = threading.Lock()
+        self._in_block = False
         BUDGETS_REGISTRY.add(self)
 
+    def _for_block(self) -> RetryBudgets:
+        """The same budgets, counted in memory for one ``instant_retries()`` block."""
+        copy = RetryBudgets(share=self.share, minimum=self.minimum, window=self.window,
+                            overrides=self.overrides, prefix=self.prefix)
+        copy._in_block = True
+        return copy
+
     def get(self, dependency: str) -> AnyRetryBudget:
-        """The budget of ``dependency`` (the same object on every call)."""
+        """The budget of ``dependency`` (the same object on every call). Inside
+        ``instant_retries()`` a block's own, in memory: no test counts another's retries
+        (nor writes them to a shared Redis)."""
+        if RECORDERS_REGISTRY and not self._in_block:
+            return block_state(("retry-budgets", id(self)), self._for_block).get(dependency)
         budget = self._budgets.get(dependency)
         if budget is None:
             with self._lock:

@@ -53,6 +53,7 @@ class RetryRecorder:
         self._sources: dict[str, tuple[str, object]] = {}  # id -> (framework, app or broker)
         self._built: dict[str, JobRecord] = {}  # records eager Celery runs built
         self._active = False
+        self._state: dict[object, Any] = {}  # what lasts the block (``_instant.block_state``)
 
     # -- the switch -----------------------------------------------------------------------
 
@@ -71,6 +72,7 @@ class RetryRecorder:
         if self._active:
             raise RuntimeError("this RetryRecorder is already active")
         self._active = True
+        self._state = {}
         add_hook(self._on_event)
         RECORDERS_REGISTRY.append(self)
         return self
@@ -83,6 +85,12 @@ class RetryRecorder:
         self._active = False
 
     # -- what the adapters tell it (``runtime._instant``, ``events``) ----------------------------
+
+    @property
+    def state(self) -> dict[object, Any]:
+        """State that lasts this block: the retry budgets counted in it, the result backends
+        found not to answer (``_instant.block_state``)."""
+        return self._state
 
     def _on_event(self, event: DecisionEvent) -> None:
         with self._lock:
@@ -162,7 +170,14 @@ class RetryRecorder:
         if global_broker is not None and all(s is not global_broker for _, s in candidates):
             candidates.append(("dramatiq", global_broker))
         for framework, source in candidates:
-            found = _read(framework, source, job_id)
+            if self._state.get(("backend-answers", id(source))) is False:
+                continue  # the block found it does not answer: the record built stands
+            try:
+                found = _read(framework, source, job_id)
+            except Exception:  # a store out of reach: what the run built still answers
+                if built is None:
+                    raise
+                continue
             if found is not None:
                 return found
         return built

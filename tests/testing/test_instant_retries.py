@@ -7,6 +7,8 @@ two, and says how long at its end (measured and printed, never asserted: DESIGN.
 
 from __future__ import annotations
 
+import logging
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -76,9 +78,10 @@ class CeleryJobs:
         self.app.conf.task_always_eager = True
         self.results: dict[str, Any] = {}
 
-    def define(self, body: Callable[..., Any], retry_policy: RetryPolicyDict) -> Any:
+    def define(self, body: Callable[..., Any], retry_policy: RetryPolicyDict,
+               **options: Any) -> Any:
         return self.app.task(body, shared=False, base=OjsTask, retry_policy=retry_policy,
-                             name=f"shop.{body.__name__}.{uuid.uuid4().hex[:6]}")
+                             name=f"shop.{body.__name__}.{uuid.uuid4().hex[:6]}", **options)
 
     def run(self, task: Any, *args: Any) -> str:
         """Send the job and return its id once it ended (eager: in the call)."""
@@ -102,10 +105,11 @@ class DramatiqJobs:
         self.worker = dramatiq.Worker(self.broker, worker_timeout=20, worker_threads=1)
         self.worker.start()
 
-    def define(self, body: Callable[..., Any], retry_policy: RetryPolicyDict) -> Any:
+    def define(self, body: Callable[..., Any], retry_policy: RetryPolicyDict,
+               **options: Any) -> Any:
         return dramatiq.actor(body, broker=self.broker, queue_name=self.queue,
                               actor_name=f"{body.__name__}_{uuid.uuid4().hex[:6]}",
-                              retry_policy=retry_policy)
+                              retry_policy=retry_policy, **options)
 
     def run(self, actor: Any, *args: Any) -> str:
         """Send the job and return its id once it ended (all its retries included)."""
@@ -125,6 +129,49 @@ def jobs(request: pytest.FixtureRequest) -> Iterator[CeleryJobs | DramatiqJobs]:
     made = CeleryJobs() if request.param == "celery" else DramatiqJobs()
     yield made
     made.close()
+
+
+def test_each_block_counts_its_own_retry_budget(jobs: CeleryJobs | DramatiqJobs) -> None:
+    """A retry budget (R-7) lasts one block, in memory: the next test starts from zero
+    whatever ran before it, and none writes its counts to a shared Redis."""
+    policy: RetryPolicyDict = {"max_attempts": 3, "initial_interval": "PT1M"}
+    for _ in range(3):  # three tests in a row, each with the same dependency
+        task = jobs.define(flaky(2), policy, retry_budget="payments-api")
+        with instant_retries(jitter_sample=0.5) as retries:
+            job_id = jobs.run(task, 7)
+            assert (retries.attempts(job_id), retries.outcome(job_id)) == (3, "completed")
+
+
+def test_a_first_try_success_is_seen_on_any_broker(jobs: CeleryJobs | DramatiqJobs) -> None:
+    """A job that never failed is in ``jobs()`` and reads as completed, on a broker that
+    is not Dramatiq's global one too."""
+    task = jobs.define(flaky(0), {"max_attempts": 3})
+    with instant_retries() as retries:
+        job_id = jobs.run(task, 7)
+    assert retries.jobs() == [job_id]
+    assert (retries.attempts(job_id), retries.outcome(job_id)) == (1, "completed")
+
+
+def test_celery_eager_with_a_result_backend_that_does_not_answer(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The production app in a test (a Redis result backend, down): the block says so
+    once and keeps the records in memory, instead of waiting out the backend's retries
+    on every save and then raising from ``attempts()``."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # nothing listens there once closed
+    app = Celery(f"instant-{uuid.uuid4().hex[:8]}", broker="memory://",
+                 backend=f"redis://127.0.0.1:{port}/0", set_as_current=False)
+    app.conf.task_always_eager = True
+    task = app.task(flaky(9), shared=False, base=OjsTask, name="shop.down",
+                    retry_policy={"max_attempts": 3, "initial_interval": "PT1M"})
+    with instant_retries(jitter_sample=0.5) as retries:
+        job_id = task.delay(7).id
+    assert (retries.attempts(job_id), retries.outcome(job_id)) == (3, "discarded")
+    assert retries.countdowns(job_id) == [60.0, 120.0]
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert sum("result backend does not answer" in m for m in said) == 1, said
+    assert not any("cannot store the job record" in m for m in said)
 
 
 def test_ret11_fails_twice_then_succeeds_with_the_policys_countdowns(
