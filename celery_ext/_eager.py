@@ -51,11 +51,11 @@ from celery_ext.records import RecordStore
 from ojs_adapters import JobContext, JobRecord, RetryPolicy, decide
 from ojs_adapters.failure import Failure, describe_failure
 from ojs_adapters.runtime._instant import (
-    RECORDERS_REGISTRY,
     block_state,
     jitter_sample,
     note_job,
     note_record,
+    set_block_state,
 )
 from ojs_adapters.runtime.events import DecisionEvent, emit
 from ojs_adapters.runtime.handoff import error_headers
@@ -192,13 +192,15 @@ class _EagerJob:
         the backend's own retries on every save."""
         note_record("celery", record)
         app = self.task.app
-        if not block_state(("backend-answers", id(app)), partial(_answers, self.task)):
+        if not block_state(("backend-answers", app), partial(_answers, self.task)):
             return
         try:
             self.store.save(record)
-        except Exception as error:
-            RECORDERS_REGISTRY[0].state[("backend-answers", id(app))] = False
-            _unreachable(self.task, error)
+        except Exception:
+            set_block_state(("backend-answers", app), False)
+            logger.warning("%s[%s]: cannot store the job record: in this instant_retries() "
+                           "block job records stay in memory (retries.record())",
+                           self.task.name, self.request.id, exc_info=True)
 
 
 def _answers(task: Any) -> bool:
@@ -210,12 +212,8 @@ def _answers(task: Any) -> bool:
     try:
         ping()
     except Exception as error:
-        _unreachable(task, error)
+        logger.warning("%s: the result backend does not answer (%r): in this "
+                       "instant_retries() block job records stay in memory (retries.record()); "
+                       "in tests use result_backend = 'cache+memory://'", task.name, error)
         return False
     return True
-
-
-def _unreachable(task: Any, error: BaseException) -> None:
-    logger.warning("%s: the result backend does not answer (%r): in this instant_retries() "
-                   "block job records stay in memory (retries.record()); in tests use "
-                   "result_backend = 'cache+memory://'", task.name, error)

@@ -26,6 +26,7 @@ module imports no framework.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -97,9 +98,30 @@ def note_record(framework: str, record: JobRecord) -> None:
 
 
 def block_state(key: object, make: Callable[[], T]) -> T:
-    """The value of ``key`` for the outermost active block, made by ``make`` the first
-    time it is asked for (call it only while a recorder is active)."""
-    state = RECORDERS_REGISTRY[0].state
-    if key not in state:
-        state[key] = make()
-    return state[key]  # type: ignore[no-any-return]
+    """The value of ``key`` for the active block, made by ``make`` the first time it is
+    asked for. Blocks inside another share the outer one's (one test); ``key`` holds the
+    objects it is about, never their ``id()``. Outside a block: ``make()``, not kept."""
+    with _STATE_LOCK:
+        recorders = RECORDERS_REGISTRY[:1]
+        if not recorders:
+            return make()
+        state = recorders[0].state
+        if key not in state:
+            state[key] = make()
+        return state[key]  # type: ignore[no-any-return]
+
+
+def set_block_state(key: object, value: object) -> None:
+    """Set ``key`` for the active block (nothing outside one)."""
+    with _STATE_LOCK:
+        for recorder in RECORDERS_REGISTRY[:1]:
+            recorder.state[key] = value
+
+
+def shared_state() -> dict[object, Any]:
+    """The state a block entering now shares: the outer block's, else a new one."""
+    with _STATE_LOCK:
+        return RECORDERS_REGISTRY[0].state if RECORDERS_REGISTRY else {}
+
+
+_STATE_LOCK = threading.RLock()

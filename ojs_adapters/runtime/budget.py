@@ -225,6 +225,7 @@ class RetryBudgets:
         copy = RetryBudgets(share=self.share, minimum=self.minimum, window=self.window,
                             overrides=self.overrides, prefix=self.prefix)
         copy._in_block = True
+        BUDGETS_REGISTRY.discard(copy)  # not the workers' budgets: no gauge of its own
         return copy
 
     def get(self, dependency: str) -> AnyRetryBudget:
@@ -232,7 +233,7 @@ class RetryBudgets:
         ``instant_retries()`` a block's own, in memory: no test counts another's retries
         (nor writes them to a shared Redis)."""
         if RECORDERS_REGISTRY and not self._in_block:
-            return block_state(("retry-budgets", id(self)), self._for_block).get(dependency)
+            return block_state(("retry-budgets", self), self._for_block).get(dependency)
         budget = self._budgets.get(dependency)
         if budget is None:
             with self._lock:

@@ -17,7 +17,7 @@ from typing import Any
 from ojs_adapters.decision import Decision
 from ojs_adapters.history import JobRecord, Outcome
 from ojs_adapters.policy import check_jitter_sample
-from ojs_adapters.runtime._instant import RECORDERS_REGISTRY
+from ojs_adapters.runtime._instant import RECORDERS_REGISTRY, shared_state
 from ojs_adapters.runtime.events import DecisionEvent, add_hook, remove_hook
 
 
@@ -72,7 +72,7 @@ class RetryRecorder:
         if self._active:
             raise RuntimeError("this RetryRecorder is already active")
         self._active = True
-        self._state = {}
+        self._state = shared_state()  # a block inside another is the same test
         add_hook(self._on_event)
         RECORDERS_REGISTRY.append(self)
         return self
@@ -154,9 +154,9 @@ class RetryRecorder:
         """The job record the adapter stored for ``job_id``, read by the adapter's reader.
 
         Celery: from the result backend of the app that ran it (an eager run whose app
-        stores no results gives the record it built). Dramatiq: from the broker that
-        handed off one of its retries, else from the other brokers seen, else from the
-        global broker (``dramatiq.set_broker``).
+        stores no results, or whose backend does not answer, gives the record it built).
+        Dramatiq: from the broker it ran on, else from the other brokers seen, else from
+        the global broker (``dramatiq.set_broker``).
         """
         with self._lock:
             known = self._sources.get(job_id)
@@ -170,7 +170,7 @@ class RetryRecorder:
         if global_broker is not None and all(s is not global_broker for _, s in candidates):
             candidates.append(("dramatiq", global_broker))
         for framework, source in candidates:
-            if self._state.get(("backend-answers", id(source))) is False:
+            if self._state.get(("backend-answers", source)) is False:
                 continue  # the block found it does not answer: the record built stands
             try:
                 found = _read(framework, source, job_id)
@@ -179,8 +179,15 @@ class RetryRecorder:
                     raise
                 continue
             if found is not None:
-                return found
+                return built if built is not None and _behind(found, built) else found
         return built
+
+
+def _behind(stored: JobRecord, built: JobRecord) -> bool:
+    """Whether the stored record is older than the one the run built (a write that failed
+    after an earlier one went through)."""
+    return (stored.attempt, stored.outcome is not None) < (built.attempt,
+                                                           built.outcome is not None)
 
 
 def _read(framework: str, source: Any, job_id: str) -> JobRecord | None:

@@ -174,6 +174,49 @@ def test_celery_eager_with_a_result_backend_that_does_not_answer(
     assert not any("cannot store the job record" in m for m in said)
 
 
+def test_a_block_inside_another_is_the_same_test(jobs: CeleryJobs | DramatiqJobs) -> None:
+    """The ``ojs_retries`` fixture and a ``with`` in the test are one test: one count of
+    each retry budget, and the workers' budgets (their gauge) untouched."""
+    from ojs_adapters.runtime.budget import BUDGETS_REGISTRY
+
+    policy: RetryPolicyDict = {"max_attempts": 3, "initial_interval": "PT1M"}
+    with instant_retries(jitter_sample=0.5) as outer:
+        first = jobs.run(jobs.define(flaky(2), policy, retry_budget="search"), 1)
+        with instant_retries(jitter_sample=0.5) as inner:
+            second = jobs.run(jobs.define(flaky(2), policy, retry_budget="search"), 2)
+            assert not any(b._in_block for b in BUDGETS_REGISTRY)  # no gauge of a copy
+    assert outer.attempts(first) == 3
+    # The inner block counts on from the outer one's two retries: its job, which a block
+    # of its own retries twice (test_each_block_counts_its_own_retry_budget), is refused.
+    assert inner.attempts(second) < 3 and inner.decisions(second)[-1].reason == "budget"
+
+
+def test_celery_eager_with_a_backend_that_fails_a_write(monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture
+                                                        ) -> None:
+    """A backend that answers and stores the first record, then fails: the records read
+    are the run's, not the first one stored, in the block and in one inside it."""
+    made = CeleryJobs()
+    stored: list[str] = []
+    real_set = made.app.backend.set
+
+    def set_once(key: Any, value: Any) -> Any:
+        stored.append(key)
+        if len(stored) > 1:
+            raise OSError("disk full")
+        return real_set(key, value)
+
+    monkeypatch.setattr(made.app.backend, "set", set_once)
+    task = made.define(flaky(9), {"max_attempts": 3, "initial_interval": "PT1M"})
+    with instant_retries(jitter_sample=0.5) as outer, \
+            instant_retries(jitter_sample=0.5) as inner:
+        job_id = made.run(task, 7)
+    for retries in (outer, inner):
+        assert (retries.attempts(job_id), retries.outcome(job_id)) == (3, "discarded")
+    said = [r.getMessage() for r in caplog.records if "cannot store" in r.getMessage()]
+    assert len(said) == 1 and len(stored) == 2  # written off after the failed write
+
+
 def test_ret11_fails_twice_then_succeeds_with_the_policys_countdowns(
         jobs: CeleryJobs | DramatiqJobs) -> None:
     policy: RetryPolicyDict = {"max_attempts": 5, "initial_interval": "PT1M"}
