@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from typing import Any
 
 import click
 from rich.table import Table
@@ -76,7 +77,7 @@ def migrate(dialect: str, source: str, version: str | None, cap: int | None, all
     if cap is not None and not spec.takes_cap:
         raise click.UsageError(f"--cap-unbounded does not apply to {dialect}: it has no "
                                "unbounded retry setting")
-    options = {"version": version, "unbounded_attempts": cap}
+    options: dict[str, Any] = {"version": version, "unbounded_attempts": cap}
     if source == "-":
         text, origin = read_text(source)
         found = migrate_text(dialect, text, origin=origin, ruby=ruby, **options)

@@ -23,6 +23,7 @@ from ojs_adapters.errors import OjsValidationError
 from ojs_adapters.migrate._model import Migration, Note
 from ojs_adapters.migrate._ruby import DEFAULTS, RubyJob, read_ruby
 from ojs_adapters.migrate._ruby_classes import Resolved, resolve
+from ojs_adapters.migrate._ruby_literals import Dynamic
 from ojs_adapters.migrate.bullmq import from_bullmq
 from ojs_adapters.migrate.celery import from_celery
 from ojs_adapters.migrate.dramatiq import from_dramatiq
@@ -90,13 +91,17 @@ def load_document(text: str, origin: str = "<input>") -> Any:
 
 
 def migrate_text(dialect: str, text: str, *, origin: str = "<input>", ruby: bool = False,
-                 **options: Any) -> list[Migration]:
-    """Translate every job found in ``text`` (Ruby source when ``ruby``)."""
+                 retry_options_only: bool = False, **options: Any) -> list[Migration]:
+    """Translate every job found in ``text`` (Ruby source when ``ruby``);
+    ``retry_options_only`` leaves out entries that hold none of the dialect's options (a
+    directory scan meets ``database.yml`` and locale files)."""
     spec = _dialect(dialect)
     if ruby:
         return _from_ruby_files(spec, [(origin, text)], options)
+    entries = _entries(load_document(text, origin), spec, origin, lenient=retry_options_only)
     return [spec.translate(opts, name=job_name, origin=origin, **_kwargs(spec, options))
-            for job_name, opts in _entries(load_document(text, origin), spec, origin)]
+            for job_name, opts in entries
+            if not retry_options_only or _holds_options(opts, spec)]
 
 
 def migrate_path(dialect: str, path: str | Path, **options: Any) -> list[Migration]:
@@ -107,42 +112,59 @@ def migrate_path(dialect: str, path: str | Path, **options: Any) -> list[Migrati
         raise _unreadable(str(root), "does not exist")
     files = [root] if root.is_file() else sorted(
         p for p in root.rglob("*") if p.is_file() and p.suffix in spec.suffixes)
-    texts = {file: file.read_text(encoding="utf-8", errors="replace") for file in files}
+    texts = {file: file.read_text(encoding="utf-8-sig", errors="replace") for file in files}
     # Ruby files are read together: a job's superclass and Sidekiq's defaults may live in
     # another file of the run, or in Sidekiq's own config file (``:max_retries:``).
-    configs = {f: wide for f, t in texts.items() if f.suffix != ".rb"
-               and (wide := _sidekiq_config(spec, f, t)) is not None}
-    found = [(str(f), job) for f, t in texts.items() if f.suffix == ".rb" for job in read_ruby(t)]
-    found += [(str(f), job) for f, job in configs.items()]
-    ruby = [_from_ruby(spec, row, options) for row in resolve(found)] if found else []
+    read = {f: _sidekiq_config(spec, f, t) for f, t in texts.items() if f.suffix != ".rb"}
+    configs = {f: wide for f, (is_config, wide) in read.items() if is_config}
+    # Sidekiq reads its config file before the app's initializers: theirs win.
+    found = [(str(f), job) for f, job in configs.items() if job is not None]
+    found += [(str(f), job) for f, t in texts.items() if f.suffix == ".rb"
+              for job in read_ruby(t)]
+    by_file: dict[str, list[Migration]] = {}
+    for row in resolve(found):
+        by_file.setdefault(row.origin, []).append(_from_ruby(spec, row, options))
     out: list[Migration] = []
     for file, text in texts.items():
         if file.suffix == ".rb" or file in configs:
-            out.extend(m for m in ruby if (m.origin or "").rpartition(":")[0] == str(file))
+            out.extend(by_file.get(str(file), []))
         else:
-            out.extend(migrate_text(dialect, text, origin=str(file), **options))
+            out.extend(migrate_text(dialect, text, origin=str(file),
+                                    retry_options_only=root.is_dir(), **options))
     return out
 
 
-def _sidekiq_config(spec: Dialect, file: Path, text: str) -> RubyJob | None:
-    """Sidekiq's own config file (``config/sidekiq.yml``) as the Sidekiq-wide retry count
-    it sets, or ``None`` for any other file."""
+def _holds_options(opts: Any, spec: Dialect) -> bool:
+    return isinstance(opts, Mapping) and any(str(k).lstrip(":") in spec.options for k in opts)
+
+
+def _sidekiq_config(spec: Dialect, file: Path, text: str) -> tuple[bool, RubyJob | None]:
+    """Whether ``file`` is Sidekiq's own config file (``config/sidekiq.yml``), and the
+    Sidekiq-wide retry count it sets, if any. As Sidekiq does, an environment's section
+    (``production:``) overrides the top level; ERB is left unevaluated."""
     if spec is not DIALECTS["sidekiq"]:
-        return None
+        return False, None
     try:
         doc = load_document(text, str(file))
     except OjsValidationError:
-        return None
+        return False, None
     if not isinstance(doc, Mapping):
-        return None
+        return False, None
     keys = {str(k).lstrip(":"): v for k, v in doc.items()}
-    if "max_retries" not in keys or not (keys.keys() & _SIDEKIQ_CONFIG
-                                         or file.name in ("sidekiq.yml", "sidekiq.yaml")):
-        return None
-    line = next((n for n, t in enumerate(text.splitlines(), 1) if "max_retries" in t), 1)
-    return RubyJob(DEFAULTS[2], line, {"max_retries": keys["max_retries"]}, kind="defaults")
-
-
+    if not (keys.keys() & _SIDEKIQ_CONFIG or file.name in ("sidekiq.yml", "sidekiq.yaml")):
+        return False, None
+    value, where = keys.get("max_retries"), "max_retries"
+    section = keys.get("production")
+    if isinstance(section, Mapping):
+        inner = {str(k).lstrip(":"): v for k, v in section.items()}
+        if "max_retries" in inner:
+            value, where = inner["max_retries"], "production:"
+    if value is None:
+        return True, None
+    if isinstance(value, str) and "<%" in value:
+        value = Dynamic(value)  # ERB: Sidekiq evaluates it, the reader does not
+    line = next((n for n, t in enumerate(text.splitlines(), 1) if where in t), 1)
+    return True, RubyJob(DEFAULTS[2], line, {"max_retries": value}, kind="defaults")
 #: Keys of Sidekiq's own config file besides ``max_retries``.
 _SIDEKIQ_CONFIG = {"concurrency", "queues", "timeout", "verbose", "pidfile", "logfile",
                    "require", "environment", "tag", "labels", "strict", "capsules"}
@@ -167,15 +189,21 @@ def _kwargs(spec: Dialect, options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _entries(doc: Any, spec: Dialect, origin: str) -> Iterator[tuple[str | None, Any]]:
+def _entries(doc: Any, spec: Dialect, origin: str, *,
+             lenient: bool = False) -> Iterator[tuple[str | None, Any]]:
+    """The jobs of a document; ``lenient``: what holds no options is passed over."""
     if isinstance(doc, list):
         for index, item in enumerate(doc):
             if not isinstance(item, Mapping):
+                if lenient:
+                    continue
                 raise _unreadable(f"{origin}[{index}]", "must be a mapping of options")
             label, rest = _named(item, spec)
             yield label or f"#{index}", rest
         return
     if not isinstance(doc, Mapping):
+        if lenient:
+            return
         raise _unreadable(origin, "must hold a mapping of options, of job names to options, "
                           "or a list")
     keys = {str(k).lstrip(":") for k in doc}

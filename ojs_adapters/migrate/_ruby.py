@@ -4,14 +4,14 @@ It also reads ``Sidekiq.default_job_options = {...}`` (and the older
 ``default_worker_options``) and ``config[:max_retries] = N`` in a ``configure_server``
 block, reported under those names; and for each class or module (named with the modules
 around it, found by indentation: an ``end`` closes what opened at its column) its
-superclass, the modules it includes and where it sets ``sidekiq_retries_exhausted``, for
-``_ruby_classes.resolve`` to give each job class the options Sidekiq would.
+superclass, the modules it includes and where it sets ``sidekiq_retries_exhausted`` or
+ActiveJob's ``retry_on``, for ``_ruby_classes.resolve`` to give each job class the
+options Sidekiq would. Heredocs are text, a tab is 8 columns, ``X = Class.new(Y) do``
+opens a class.
 
-It understands only literals: integers, floats, ``true``/``false``/``nil``,
-symbols, quoted strings and ``N.unit`` durations (``3.days``). A
-``sidekiq_retry_in`` block is read when its answers are literal
-(``_ruby_block``). Anything else (a constant, a method call, ``ENV[...]``,
-any other block) is recorded as *dynamic* with its line, never guessed.
+It understands only literals (``_ruby_literals``); a ``sidekiq_retry_in`` block is read
+when its answers are literal (``_ruby_block``). Anything else (a constant, a method call,
+``ENV[...]``, any other block) is recorded as *dynamic* with its line, never guessed.
 
 >>> [job] = read_ruby("class HardJob\\n  sidekiq_options retry: 5, dead: false\\nend\\n")
 >>> (job.name, job.options, job.dynamic)
@@ -24,36 +24,38 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ojs_adapters.migrate._arith import DURATION_UNITS
 from ojs_adapters.migrate._ruby_block import read_block
+from ojs_adapters.migrate._ruby_literals import (
+    Dynamic,
+    continued,
+    parse_pairs,
+    ruby_literal,
+    strip_comment,
+)
 
 _CLASS = re.compile(r"^(\s*)class\s+(?:::)?([A-Z][\w:]*)(?:\s*<\s*(?:::)?([A-Z][\w:]*))?")
 _MODULE = re.compile(r"^(\s*)module\s+(?:::)?([A-Z][\w:]*)")
+#: ``Inner = Class.new(ApplicationJob) do``: a class by another spelling.
+_CLASS_NEW = re.compile(r"^(\s*)([A-Z]\w*)\s*=\s*Class\.new\b(?:\(\s*(?:::)?([A-Z][\w:]*)\s*\))?"
+                        r".*\b(?:do|\{)")
+_HEREDOC = re.compile(r"<<[~-]?(['\"`]?)([A-Za-z_]\w*)\1")
+#: ActiveJob's own retries, which run before Sidekiq sees a failure.
+_ACTIVE_JOB_RETRY = re.compile(r"^\s*(retry_on|discard_on)\b")
 _END = re.compile(r"^(\s*)end\b")
 _ONE_LINE = re.compile(r"(;|\s)end\s*$")
 _INCLUDE = re.compile(r"^\s*include\s+(?:::)?([A-Z][\w:]*)")
 _JOB_MODULES = {"Sidekiq::Job", "Sidekiq::Worker"}
 _EXHAUSTED = re.compile(r"^\s*sidekiq_retries_exhausted\b")
-_CONFIGURE = re.compile(r"Sidekiq\.configure_(?:server|client)\s*(?:do|\{)\s*\|\s*(\w+)\s*\|")
+_CONFIGURE = re.compile(r"^(\s*)Sidekiq\.configure_server\s*(?:do|\{)\s*\|\s*(\w+)\s*\|")
 _MAX_RETRIES = re.compile(r"^\s*([\w.]+)\[\s*:max_retries\s*\]\s*=\s*([^=].*)$")
 _SIDEKIQ_WIDE = {"Sidekiq", "Sidekiq.options", "Sidekiq.default_configuration"}
 #: The names ``read_ruby`` reports Sidekiq-wide settings under.
 DEFAULTS = ("Sidekiq.default_job_options", "Sidekiq.default_worker_options",
             "Sidekiq[:max_retries]")
-_OPTIONS = re.compile(r"^\s*sidekiq_options\b(.*)$")
+_OPTIONS = re.compile(r"^\s*(?:self\.)?sidekiq_options\b(.*)$")
 _DEFAULTS = re.compile(r"^\s*Sidekiq\.(default_(?:job|worker)_options)\s*=\s*(.*)$")
 _RETRY_IN = re.compile(r"^\s*sidekiq_retry_in\b(.*)$")
-_NUMBER = re.compile(r"^[-+]?\d[\d_]*(\.\d+)?$")
-_DURATION = re.compile(r"^(\d[\d_]*(?:\.\d+)?)\.(" + "|".join(DURATION_UNITS) + r")$")
-_SYMBOL_KEY = re.compile(r"^([A-Za-z_]\w*):\s*(.*)$", re.S)
-_ROCKET_KEY = re.compile(r"^(:[A-Za-z_]\w*|'[^']*'|\"[^\"]*\")\s*=>\s*(.*)$", re.S)
 _RESULT_SYMBOL = re.compile(r":(kill|discard)\b")
-
-
-class Dynamic(str):
-    """A value the reader would not evaluate; the text is the Ruby expression."""
-
-    __slots__ = ()
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,9 @@ class RubyJob:
     class or module: ``kind``; ``parent``, the superclass as written, and ``scope``, the
     modules around it (where Ruby looks names up); ``mixins``, the modules it includes;
     ``exhausted``, the line of a ``sidekiq_retries_exhausted``; ``declared``, whether it
-    is a job by itself (``include Sidekiq::Job``, ``sidekiq_options``).
+    is a job by itself (``include Sidekiq::Job``, ``sidekiq_options``); ``active_job``,
+    where it calls ActiveJob's ``retry_on``/``discard_on``; ``unsure``, that its file's
+    ``class``/``end`` nesting could not be followed to the end.
     """
 
     name: str | None
@@ -77,6 +81,8 @@ class RubyJob:
     kind: str = "class"
     scope: tuple[str, ...] = ()
     mixins: tuple[str, ...] = ()
+    active_job: tuple[int, ...] = ()
+    unsure: bool = False
 
 
 def read_ruby(text: str) -> list[RubyJob]:
@@ -84,7 +90,7 @@ def read_ruby(text: str) -> list[RubyJob]:
     has a superclass (``_ruby_classes.resolve`` decides which are jobs), and the
     Sidekiq-wide settings, in the order of their lines."""
     reader = _Reader()
-    lines = text.splitlines()
+    lines = text.removeprefix("\ufeff").splitlines()
     index = 0
     while index < len(lines):
         index = reader.line(lines, index) + 1
@@ -98,11 +104,12 @@ class _Reader:
         self.entries: dict[str | None, RubyJob] = {}  # by owner (class, module or None)
         self.wide: list[RubyJob] = []  # Sidekiq-wide settings
         self.scopes: list[tuple[int, str, str]] = []  # (column, kind, qualified name)
-        self.configure: str | None = None
+        self.configure: tuple[int, str] | None = None  # a configure_server block's column, var
+        self.heredoc: str | None = None  # the terminator of the heredoc being skipped
 
     def found(self) -> list[RubyJob]:
-        kept = [e for e in self.entries.values()
-                if e.declared or e.parent or e.mixins or e.exhausted]
+        kept = [replace(e, unsure=bool(self.scopes)) for e in self.entries.values()
+                if e.declared or e.parent or e.mixins or e.exhausted or e.active_job]
         return sorted([*kept, *self.wide], key=lambda job: job.line)
 
     def entry(self, owner: str | None, number: int) -> RubyJob:
@@ -115,16 +122,33 @@ class _Reader:
 
     def line(self, lines: list[str], index: int) -> int:
         """Read the line at ``index`` (and the lines a call continues on); the last index."""
-        line = _strip_comment(lines[index])
+        line = strip_comment(lines[index])
+        indent = len(line) - len(line.lstrip(" \t"))
+        line = line[:indent].expandtabs(8) + line[indent:]  # a tab is 8 columns
         number = index + 1
+        if self.heredoc is not None:  # text, not code
+            if line.strip() == self.heredoc:
+                self.heredoc = None
+            return index
+        if (heredoc := _HEREDOC.search(line)) is not None:
+            self.heredoc = heredoc.group(2)
         owner = self.scopes[-1][2] if self.scopes else None
+        brace = re.match(r"^(\s*)\}", line)
+        if brace and self.configure is not None and self.configure[0] >= len(brace.group(1)):
+            self.configure = None  # a configure_server { |config| ... } block ends
         ended = _END.match(line)
-        opened = _CLASS.match(line) or _MODULE.match(line)
+        opened = _CLASS.match(line) or _MODULE.match(line) or _CLASS_NEW.match(line)
         if ended:
-            while self.scopes and self.scopes[-1][0] >= len(ended.group(1)):
+            column = len(ended.group(1))
+            while self.scopes and self.scopes[-1][0] >= column:
                 self.scopes.pop()
+            if self.configure is not None and self.configure[0] >= column:
+                self.configure = None
         elif opened:
             self.open(opened, line, number)
+        elif owner is not None and _ACTIVE_JOB_RETRY.match(line):
+            found = self.entry(owner, number)
+            self.entries[owner] = replace(found, active_job=(*found.active_job, number))
         elif owner is not None and (include := _INCLUDE.match(line)):
             found = self.entry(owner, number)
             module = include.group(1)
@@ -132,14 +156,14 @@ class _Reader:
                                           declared=found.declared or module in _JOB_MODULES)
         elif owner is not None and _EXHAUSTED.match(line):
             self.entries[owner] = replace(self.entry(owner, number), exhausted=number)
-        if (configured := _CONFIGURE.search(line)) is not None:
-            self.configure = configured.group(1)
+        if (configured := _CONFIGURE.match(line)) is not None:
+            self.configure = (len(configured.group(1)), configured.group(2))
         call = _options_call(line, owner)
         retry_in = _RETRY_IN.match(line)
         most = _MAX_RETRIES.match(line)
         if call is not None:
-            body, index = _continued(call[1], lines, index)
-            options, dynamic = _parse_pairs(body, number)
+            body, index = continued(call[1], lines, index)
+            options, dynamic = parse_pairs(body, number)
             if call[0] in DEFAULTS:
                 self.wide.append(RubyJob(call[0], number, options, tuple(dynamic),
                                          kind="defaults"))
@@ -153,7 +177,8 @@ class _Reader:
             block, index = _block(retry_in.group(1), lines, index)
             found = _with_retry_in(self.entry(owner, number), block, number, retry_in.group(1))
             self.entries[owner] = replace(found, declared=True)
-        elif most and most.group(1) in (_SIDEKIQ_WIDE | {self.configure or "Sidekiq"}):
+        elif most and most.group(1) in (_SIDEKIQ_WIDE | {self.configure[1] if self.configure
+                                                           else "Sidekiq"}):
             value = ruby_literal(most.group(2))
             dynamic_at = ((number, f"max_retries = {value}"),) if isinstance(value, Dynamic) \
                 else ()
@@ -163,10 +188,10 @@ class _Reader:
 
     def open(self, opened: re.Match[str], line: str, number: int) -> None:
         """A ``class`` or ``module`` line: its entry, and its scope unless it ends there."""
-        kind = "class" if opened.re is _CLASS else "module"
+        kind = "module" if opened.re is _MODULE else "class"
         outer = self.scopes[-1][2] if self.scopes else None
         name = f"{outer}::{opened.group(2)}" if outer else opened.group(2)
-        if not _ONE_LINE.search(line):
+        if not _ONE_LINE.search(line) and not line.rstrip().endswith("}"):
             self.scopes.append((len(opened.group(1)), kind, name))
         found = self.entry(name, number)
         parent = opened.group(3) if kind == "class" else None
@@ -195,82 +220,6 @@ def _options_call(line: str, current_class: str | None) -> tuple[str | None, str
     return None
 
 
-def ruby_literal(text: str) -> Any:
-    """The Python value of one Ruby literal, or ``Dynamic(text)`` if it is not one."""
-    text = text.strip()
-    if text in ("true", "false"):
-        return text == "true"
-    if text == "nil":
-        return None
-    if _NUMBER.match(text):
-        clean = text.replace("_", "")
-        return float(clean) if "." in clean else int(clean)
-    duration = _DURATION.match(text)
-    if duration:
-        amount = float(duration.group(1).replace("_", ""))
-        seconds = amount * DURATION_UNITS[duration.group(2)]
-        return int(seconds) if seconds.is_integer() else seconds
-    if re.fullmatch(r":[A-Za-z_]\w*[?!]?", text):
-        return text
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" \
-            and text[0] not in text[1:-1] and "#{" not in text:
-        return text[1:-1]
-    return Dynamic(text)
-
-
-def _parse_pairs(body: str, line: int) -> tuple[dict[str, Any], list[tuple[int, str]]]:
-    options: dict[str, Any] = {}
-    dynamic: list[tuple[int, str]] = []
-    body = body.strip()
-    if body.startswith("{") and body.endswith("}"):
-        body = body[1:-1]
-    for part in _split_top(body):
-        pair = _SYMBOL_KEY.match(part) or _ROCKET_KEY.match(part)
-        if pair is None:
-            dynamic.append((line, part))
-            continue
-        key = pair.group(1).strip("'\"").lstrip(":")
-        value = ruby_literal(pair.group(2))
-        options[key] = value
-        if isinstance(value, Dynamic):
-            dynamic.append((line, f"{key}: {value}"))
-    return options, dynamic
-
-
-def _split_top(body: str) -> list[str]:
-    """Split on commas outside brackets and quotes."""
-    parts, depth, quote, start = [], 0, "", 0
-    for i, ch in enumerate(body):
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(body[start:i])
-            start = i + 1
-    parts.append(body[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _continued(first: str, lines: list[str], index: int) -> tuple[str, int]:
-    """Join continuation lines while the call is open (trailing comma, open bracket)."""
-    body = first.strip()
-    while index + 1 < len(lines) and (body.endswith(",") or _depth(body) > 0):
-        index += 1
-        body += " " + _strip_comment(lines[index]).strip()
-    if body.startswith("(") and body.endswith(")"):
-        body = body[1:-1]
-    return body, index
-
-
-def _depth(text: str) -> int:
-    return sum(text.count(c) for c in "([{") - sum(text.count(c) for c in ")]}")
-
-
 def _block(first: str, lines: list[str], index: int) -> tuple[str, int]:
     """The text of a ``{ ... }`` or ``do ... end`` block starting on ``first``."""
     opens_do = re.search(r"\bdo\b", first) is not None
@@ -281,7 +230,7 @@ def _block(first: str, lines: list[str], index: int) -> tuple[str, int]:
     body, depth = first, 1
     while index + 1 < len(lines) and depth > 0:
         index += 1
-        text = _strip_comment(lines[index])
+        text = strip_comment(lines[index])
         body += "\n" + text
         stripped = text.strip()
         if re.match(r"^(if|unless|case|begin|while|until)\b", stripped) or \
@@ -290,15 +239,3 @@ def _block(first: str, lines: list[str], index: int) -> tuple[str, int]:
         if stripped == "end" or stripped.startswith("end ") or stripped == "}":
             depth -= 1
     return body, index
-
-
-def _strip_comment(line: str) -> str:
-    quote = ""
-    for i, ch in enumerate(line):
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#":
-            return line[:i]
-    return line

@@ -14,6 +14,10 @@ from typing import Any
 from ojs_adapters.migrate._model import Note
 from ojs_adapters.migrate._ruby import RubyJob
 
+#: Superclasses of a framework or Ruby itself, never in an app's files.
+_OUTSIDE = ("ActiveJob::", "ActiveRecord::", "Object", "BasicObject", "StandardError",
+            "Struct")
+
 
 @dataclass(frozen=True)
 class Resolved:
@@ -80,10 +84,20 @@ def _row(name: str, named: dict[str, tuple[str, RubyJob]], defaults: dict[str, A
                        f"{text}") for line, text in entry.dynamic]
         if entry.exhausted is not None:
             exhausted = (at, entry.exhausted)
-    if missing is not None:
+    if missing is not None and not missing.startswith(_OUTSIDE):
         notes.append(Note("approximate", None, f"superclass {missing} is not in the files "
                           "read: any Sidekiq options it sets are not included (read the "
                           "directory that holds it too)"))
+    for at, entry in chain:
+        notes += [Note("lossy", "retry_on", f"{at}:{line}: ActiveJob's retry_on/discard_on "
+                       "retry or drop the job before Sidekiq sees a failure, and the policy "
+                       "holds only Sidekiq's retries: translate them by hand") for line in
+                  entry.active_job]
+    if any(entry.unsure for _, _, entry in parts):
+        notes.append(Note("approximate", None, f"{origin}: the class/end nesting of a file "
+                          "this job is in could not be followed to its end (an end missing, "
+                          "or indentation the reader cannot follow): check which class each "
+                          "option was given to"))
     if exhausted is not None:
         notes.append(Note("lossy", "sidekiq_retries_exhausted", f"{exhausted[0]}:"
                           f"{exhausted[1]}: a block run when retries are exhausted is not "

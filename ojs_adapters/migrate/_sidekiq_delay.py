@@ -27,7 +27,7 @@ from ojs_adapters.errors import OjsValidationError
 from ojs_adapters.migrate._arith import DURATION_UNITS, Formula, FormulaError, parse_formula
 from ojs_adapters.migrate._common import bad_option
 from ojs_adapters.migrate._model import Band, Note
-from ojs_adapters.migrate._ruby import Dynamic
+from ojs_adapters.migrate._ruby_literals import Dynamic
 
 DIALECT = "sidekiq"
 #: The random term of the delay, newest first: (first version, spread, scaled).

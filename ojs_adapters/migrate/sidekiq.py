@@ -47,7 +47,7 @@ from ojs_adapters.migrate._common import (
 )
 from ojs_adapters.migrate._fit import Fit, fit_schedule, schedule_fields, spec_polynomial
 from ojs_adapters.migrate._model import Band, Migration
-from ojs_adapters.migrate._ruby import Dynamic
+from ojs_adapters.migrate._ruby_literals import Dynamic
 from ojs_adapters.migrate._sidekiq_delay import (
     RESULT_SYMBOLS_SINCE,
     SIDEKIQ_JITTER,

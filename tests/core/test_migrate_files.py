@@ -22,7 +22,7 @@ from ojs_adapters.migrate import (
     read_ruby,
 )
 from ojs_adapters.migrate._common import jitter_mean
-from ojs_adapters.migrate._ruby import Dynamic
+from ojs_adapters.migrate._ruby_literals import Dynamic
 
 RUBY = '''
 class HardJob
@@ -204,6 +204,54 @@ def test_inherited_blocks_concerns_and_sidekiq_wide_settings_say_where_they_are(
     assert None not in found  # the config file is no job of its own
     orphan = found["OrphanJob"]
     assert any("superclass Gone is not in the files read" in n.text for n in orphan.notes)
+
+
+def test_what_is_not_sidekiq_code_stays_out_of_the_options(tmp_path: Path) -> None:
+    """Heredocs, Class.new, tabs, a BOM, ActiveJob's own retries, a client's settings."""
+    found = _rows(tmp_path, {
+        "mail.rb": "class MailJob\n  include Sidekiq::Job\n  TEMPLATE = <<~RUBY\n"
+                   "    class Foo < Bar\n      sidekiq_options retry: 99\n    end\n  RUBY\n"
+                   "  sidekiq_options retry: 2\nend\n",
+        "host.rb": "class HostJob\n  include Sidekiq::Job\n  sidekiq_options retry: 1\n"
+                   "  Inner = Class.new(ApplicationJob) do\n    sidekiq_options retry: 7\n"
+                   "  end\nend\nclass ApplicationJob\n  include Sidekiq::Job\nend\n",
+        "tabs.rb": "module Mixed\n  class AJob\n\tinclude Sidekiq::Job\n"
+                   "\tclass Err < StandardError\n        end\n\tsidekiq_options retry: 2\n"
+                   "  end\nend\n",
+        "bom.rb": "\ufeffclass BomJob\n  include Sidekiq::Job\n  self.sidekiq_options retry: 3\n"
+                  "end\n",
+        "import.rb": "class ImportJob < ActiveJob::Base\n  retry_on Net::ReadTimeout, "
+                     "attempts: 10\n  sidekiq_options retry: 2\nend\n",
+        "init.rb": "Sidekiq.configure_client do |config|\n  config[:max_retries] = 1\nend\n"
+                   "Sidekiq.configure_server do |config|\n  config.redis = {}\nend\n"
+                   "class HttpClient\n  def setup(config)\n    config[:max_retries] = 1\n"
+                   "  end\nend\n",
+        "config/locales/en.yml": "en:\n  hello: world\n",
+        "config/sidekiq.yml": ":concurrency: 5\n:max_retries: 10\nproduction:\n"
+                              "  :max_retries: 5\n",
+    })
+    attempts = {name: m.policy.max_attempts for name, m in found.items() if m.policy}
+    assert attempts == {"MailJob": 3, "HostJob": 2, "HostJob::Inner": 8, "ApplicationJob": 6,
+                        "Mixed::AJob": 3, "BomJob": 4, "ImportJob": 3,
+                        "Sidekiq[:max_retries]": 6}  # production's 5; en.yml no job
+    assert [n.field for n in found["ImportJob"].notes if n.severity == "lossy"] == ["retry_on"]
+    assert not any("superclass" in n.text for n in found["ImportJob"].notes)
+
+
+def test_sidekiq_yml_erb_is_left_unevaluated_and_initializers_win(tmp_path: Path) -> None:
+    found = _rows(tmp_path, {
+        "config/sidekiq.yml": ":max_retries: <%= ENV.fetch('RETRIES', 3) %>\n",
+        "unclosed.rb": "class OpenJob\n  include Sidekiq::Job\n  sidekiq_options retry: 1\n",
+    })
+    assert found["Sidekiq[:max_retries]"].policy is None  # ERB: not a literal, said
+    assert any("could not be followed" in n.text for n in found["OpenJob"].notes)
+    later = _rows(tmp_path / "b", {
+        "config/sidekiq.yml": ":max_retries: 12\n",
+        "config/initializers/sidekiq.rb": "Sidekiq.configure_server do |config|\n"
+                                          "  config[:max_retries] = 3\nend\n",
+        "app/jobs/report_job.rb": "class ReportJob\n  include Sidekiq::Job\nend\n"})
+    assert later["ReportJob"].policy is not None
+    assert later["ReportJob"].policy.max_attempts == 4  # the initializer runs after the file
 
 
 ruby_values = st.fixed_dictionaries(

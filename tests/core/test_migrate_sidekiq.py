@@ -195,7 +195,7 @@ def test_retry_in_per_error_results() -> None:
 
 
 def test_dynamic_values_are_reported_not_guessed() -> None:
-    from ojs_adapters.migrate._ruby import Dynamic
+    from ojs_adapters.migrate._ruby_literals import Dynamic
 
     m = from_sidekiq({"retry": Dynamic("MAX_RETRIES")})
     assert m.policy is None and not m.ok
