@@ -60,7 +60,8 @@ DIALECTS: dict[str, Dialect] = {
                                               "retry_backoff", "retry_backoff_max",
                                               "retry_jitter", "retry_kwargs"}), takes_cap=True),
     "dramatiq": Dialect(from_dramatiq, frozenset({"max_retries", "min_backoff", "max_backoff",
-                                                  "retry_when", "throws"}), takes_cap=True,
+                                                  "retry_when", "throws",
+                                                  "on_retry_exhausted"}), takes_cap=True,
                         takes_version=True),
     "bullmq": Dialect(from_bullmq, frozenset({"attempts", "backoff", "removeOnFail"})),
     "temporal": Dialect(from_temporal, frozenset({
@@ -69,7 +70,9 @@ DIALECTS: dict[str, Dialect] = {
         "maximum_attempts", "non_retryable_error_types", "scheduleToCloseTimeout",
         "schedule_to_close_timeout"}), takes_cap=True),
     "queue": Dialect(from_queue_backoff, frozenset({"MaxRetries", "RetryBackoffBaseMS",
-                                                    "RetryBackoffMaxMS", "max_retries"})),
+                                                    "RetryBackoffMaxMS", "max_retries",
+                                                    "retry_backoff_base_ms",
+                                                    "retry_backoff_max_ms", "BaseMS", "MaxMS"})),
 }
 
 
@@ -93,15 +96,14 @@ def load_document(text: str, origin: str = "<input>") -> Any:
 def migrate_text(dialect: str, text: str, *, origin: str = "<input>", ruby: bool = False,
                  retry_options_only: bool = False, **options: Any) -> list[Migration]:
     """Translate every job found in ``text`` (Ruby source when ``ruby``);
-    ``retry_options_only`` leaves out entries that hold none of the dialect's options (a
-    directory scan meets ``database.yml`` and locale files)."""
+    ``retry_options_only`` leaves out a document with no job in it (a directory scan
+    meets ``database.yml`` and locale files)."""
     spec = _dialect(dialect)
     if ruby:
         return _from_ruby_files(spec, [(origin, text)], options)
     entries = _entries(load_document(text, origin), spec, origin, lenient=retry_options_only)
     return [spec.translate(opts, name=job_name, origin=origin, **_kwargs(spec, options))
-            for job_name, opts in entries
-            if not retry_options_only or _holds_options(opts, spec)]
+            for job_name, opts in entries]
 
 
 def migrate_path(dialect: str, path: str | Path, **options: Any) -> list[Migration]:
@@ -132,10 +134,6 @@ def migrate_path(dialect: str, path: str | Path, **options: Any) -> list[Migrati
             out.extend(migrate_text(dialect, text, origin=str(file),
                                     retry_options_only=root.is_dir(), **options))
     return out
-
-
-def _holds_options(opts: Any, spec: Dialect) -> bool:
-    return isinstance(opts, Mapping) and any(str(k).lstrip(":") in spec.options for k in opts)
 
 
 def _sidekiq_config(spec: Dialect, file: Path, text: str) -> tuple[bool, RubyJob | None]:
@@ -191,19 +189,19 @@ def _kwargs(spec: Dialect, options: Mapping[str, Any]) -> dict[str, Any]:
 
 def _entries(doc: Any, spec: Dialect, origin: str, *,
              lenient: bool = False) -> Iterator[tuple[str | None, Any]]:
-    """The jobs of a document; ``lenient``: what holds no options is passed over."""
+    """The jobs of a document. ``lenient`` (a directory scan): a document with no job in
+    it (no mapping, or none naming a job or holding one of the dialect's options) is
+    passed over, whole."""
+    if lenient and not any(_job_like(item, spec) for item in _items(doc)):
+        return
     if isinstance(doc, list):
         for index, item in enumerate(doc):
             if not isinstance(item, Mapping):
-                if lenient:
-                    continue
                 raise _unreadable(f"{origin}[{index}]", "must be a mapping of options")
             label, rest = _named(item, spec)
             yield label or f"#{index}", rest
         return
     if not isinstance(doc, Mapping):
-        if lenient:
-            return
         raise _unreadable(origin, "must hold a mapping of options, of job names to options, "
                           "or a list")
     keys = {str(k).lstrip(":") for k in doc}
@@ -212,6 +210,21 @@ def _entries(doc: Any, spec: Dialect, origin: str, *,
         return
     for job_name, opts in doc.items():
         yield str(job_name), opts
+
+
+def _items(doc: Any) -> list[Any]:
+    """What may be a job in ``doc``: itself, its items, or its values."""
+    if isinstance(doc, list):
+        return doc
+    if isinstance(doc, Mapping):
+        return [doc, *doc.values()]
+    return []
+
+
+def _job_like(item: Any, spec: Dialect) -> bool:
+    """A mapping that names a job (``class``, ``jobtype``...) or holds a dialect option."""
+    return isinstance(item, Mapping) and any(
+        str(k).lstrip(":") in spec.options or k in _NAME_KEYS for k in item)
 
 
 def _named(item: Mapping[Any, Any], spec: Dialect) -> tuple[str | None, dict[Any, Any]]:

@@ -38,7 +38,10 @@ _MODULE = re.compile(r"^(\s*)module\s+(?:::)?([A-Z][\w:]*)")
 #: ``Inner = Class.new(ApplicationJob) do``: a class by another spelling.
 _CLASS_NEW = re.compile(r"^(\s*)([A-Z]\w*)\s*=\s*Class\.new\b(?:\(\s*(?:::)?([A-Z][\w:]*)\s*\))?"
                         r".*\b(?:do|\{)")
-_HEREDOC = re.compile(r"<<[~-]?(['\"`]?)([A-Za-z_]\w*)\1")
+#: A heredoc's start: ``<<~ID``/``<<-ID`` (quoted or not) anywhere, a bare ``<<ID`` only
+#: where a value starts (after ``=``, ``(``, ``,`` or at the start); ``ID`` in capitals.
+_HEREDOC = re.compile(r"(?:<<[~-]|(?:^|[=(,]\s*)<<)(['\"`]?)([A-Z_][A-Z0-9_]*)\1")
+_STRING = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
 #: ActiveJob's own retries, which run before Sidekiq sees a failure.
 _ACTIVE_JOB_RETRY = re.compile(r"^\s*(retry_on|discard_on)\b")
 _END = re.compile(r"^(\s*)end\b")
@@ -46,7 +49,7 @@ _ONE_LINE = re.compile(r"(;|\s)end\s*$")
 _INCLUDE = re.compile(r"^\s*include\s+(?:::)?([A-Z][\w:]*)")
 _JOB_MODULES = {"Sidekiq::Job", "Sidekiq::Worker"}
 _EXHAUSTED = re.compile(r"^\s*sidekiq_retries_exhausted\b")
-_CONFIGURE = re.compile(r"^(\s*)Sidekiq\.configure_server\s*(?:do|\{)\s*\|\s*(\w+)\s*\|")
+_CONFIGURE = re.compile(r"^(\s*)(?:::)?Sidekiq\.configure_server\s*(?:do|\{)\s*\|\s*(\w+)\s*\|")
 _MAX_RETRIES = re.compile(r"^\s*([\w.]+)\[\s*:max_retries\s*\]\s*=\s*([^=].*)$")
 _SIDEKIQ_WIDE = {"Sidekiq", "Sidekiq.options", "Sidekiq.default_configuration"}
 #: The names ``read_ruby`` reports Sidekiq-wide settings under.
@@ -130,8 +133,9 @@ class _Reader:
             if line.strip() == self.heredoc:
                 self.heredoc = None
             return index
-        if (heredoc := _HEREDOC.search(line)) is not None:
-            self.heredoc = heredoc.group(2)
+        heredoc = _HEREDOC.search(_STRING.sub('""', line).strip())
+        if heredoc is not None and any(t.strip() == heredoc.group(2) for t in lines[index + 1:]):
+            self.heredoc = heredoc.group(2)  # skipped up to its terminator, if it has one
         owner = self.scopes[-1][2] if self.scopes else None
         brace = re.match(r"^(\s*)\}", line)
         if brace and self.configure is not None and self.configure[0] >= len(brace.group(1)):

@@ -15,8 +15,8 @@ from ojs_adapters.migrate._model import Note
 from ojs_adapters.migrate._ruby import RubyJob
 
 #: Superclasses of a framework or Ruby itself, never in an app's files.
-_OUTSIDE = ("ActiveJob::", "ActiveRecord::", "Object", "BasicObject", "StandardError",
-            "Struct")
+_OUTSIDE = {"Object", "BasicObject", "StandardError", "Struct"}
+_OUTSIDE_PREFIXES = ("ActiveJob::", "ActiveRecord::")
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ def _row(name: str, named: dict[str, tuple[str, RubyJob]], defaults: dict[str, A
                        f"{text}") for line, text in entry.dynamic]
         if entry.exhausted is not None:
             exhausted = (at, entry.exhausted)
-    if missing is not None and not missing.startswith(_OUTSIDE):
+    if missing is not None and missing not in _OUTSIDE \
+            and not missing.startswith(_OUTSIDE_PREFIXES):
         notes.append(Note("approximate", None, f"superclass {missing} is not in the files "
                           "read: any Sidekiq options it sets are not included (read the "
                           "directory that holds it too)"))

@@ -254,6 +254,32 @@ def test_sidekiq_yml_erb_is_left_unevaluated_and_initializers_win(tmp_path: Path
     assert later["ReportJob"].policy.max_attempts == 4  # the initializer runs after the file
 
 
+def test_code_that_looks_like_a_heredoc_is_still_read(tmp_path: Path) -> None:
+    found = _rows(tmp_path, {"jobs.rb": (
+        "$:<<File.dirname(__FILE__)\nHELP = \"usage: cat <<EOF\"\n"
+        "class Collect\n  class <<self\n    def go; end\n  end\n  def run\n    out = []\n"
+        "    out<<1\n    out <<VALUE\n  end\nend\n"
+        "::Sidekiq.configure_server do |config|\n  config[:max_retries] = 7\nend\n"
+        "class HardJob < StructuredJob\n  include Sidekiq::Job\n  sidekiq_options retry: 3\n"
+        "end\nclass SqlJob\n  include Sidekiq::Job\n  SQL = <<~SQL\n    class Nope\n"
+        "      sidekiq_options retry: 99\n    end\n  SQL\nend\n")})
+    assert found["HardJob"].policy is not None and found["HardJob"].policy.max_attempts == 4
+    assert any("superclass StructuredJob" in n.text for n in found["HardJob"].notes)
+    assert found["SqlJob"].policy is not None and found["SqlJob"].policy.max_attempts == 8
+    assert "SqlJob::Nope" not in found
+
+
+def test_a_directory_scan_keeps_every_spelling_a_dialect_reads(tmp_path: Path) -> None:
+    (tmp_path / "workers.yml").write_text("emails:\n  retry_backoff_base_ms: 100\n"
+                                          "  max_retries: 3\n")
+    (tmp_path / "en.yml").write_text("en:\n  hello: world\n")
+    assert [m.name for m in migrate_path("queue", tmp_path)] == ["emails"]
+    (tmp_path / "actors.yml").write_text("send_email:\n  on_retry_exhausted: notify\n")
+    assert "send_email" in [m.name for m in migrate_path("dramatiq", tmp_path)]
+    (tmp_path / "jobs.json").write_text('[{"class": "B", "args": [1]}]')
+    assert "B" in [m.name for m in migrate_path("sidekiq", tmp_path)]
+
+
 ruby_values = st.fixed_dictionaries(
     {"retry": st.one_of(st.booleans(), st.integers(0, 100))},
     optional={"dead": st.booleans(), "retry_for": st.integers(1, 30),
