@@ -106,9 +106,11 @@ def block_state(key: object, make: Callable[[], T]) -> T:
         if not recorders:
             return make()
         state = recorders[0].state
-        if key not in state:
-            state[key] = make()
-        return state[key]  # type: ignore[no-any-return]
+        if key in state:
+            return state[key]  # type: ignore[no-any-return]
+    made = make()  # outside the lock: a backend's ping may take its timeout
+    with _STATE_LOCK:
+        return state.setdefault(key, made)  # type: ignore[no-any-return]
 
 
 def set_block_state(key: object, value: object) -> None:
