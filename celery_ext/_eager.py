@@ -51,6 +51,7 @@ from celery_ext.records import RecordStore
 from ojs_adapters import JobContext, JobRecord, RetryPolicy, decide
 from ojs_adapters.failure import Failure, describe_failure
 from ojs_adapters.runtime._instant import (
+    answers_key,
     block_state,
     jitter_sample,
     note_job,
@@ -191,13 +192,13 @@ class _EagerJob:
         block: the records stay in memory (``retries.record()``), and no test waits out
         the backend's own retries on every save."""
         note_record("celery", record)
-        app = self.task.app
-        if not block_state(("backend-answers", app), partial(_answers, self.task)):
+        key = answers_key(self.task.app)
+        if not block_state(key, partial(_answers, self.task)):
             return
         try:
             self.store.save(record)
         except Exception:
-            set_block_state(("backend-answers", app), False)
+            set_block_state(key, False)
             logger.warning("%s[%s]: cannot store the job record: in this instant_retries() "
                            "block job records stay in memory (retries.record())",
                            self.task.name, self.request.id, exc_info=True)

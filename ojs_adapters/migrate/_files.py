@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from ojs_adapters.errors import OjsValidationError
+from ojs_adapters.migrate._common import normalize
 from ojs_adapters.migrate._model import Migration, Note
 from ojs_adapters.migrate._ruby import DEFAULTS, RubyJob, read_ruby
 from ojs_adapters.migrate._ruby_classes import Resolved, resolve
@@ -100,7 +101,7 @@ def migrate_text(dialect: str, text: str, *, origin: str = "<input>", ruby: bool
     meets ``database.yml`` and locale files)."""
     spec = _dialect(dialect)
     if ruby:
-        return _from_ruby_files(spec, [(origin, text)], options)
+        return _from_ruby(spec, [(origin, job) for job in read_ruby(text)], options)
     entries = _entries(load_document(text, origin), spec, origin, lenient=retry_options_only)
     return [spec.translate(opts, name=job_name, origin=origin, **_kwargs(spec, options))
             for job_name, opts in entries]
@@ -124,8 +125,8 @@ def migrate_path(dialect: str, path: str | Path, **options: Any) -> list[Migrati
     found += [(str(f), job) for f, t in texts.items() if f.suffix == ".rb"
               for job in read_ruby(t)]
     by_file: dict[str, list[Migration]] = {}
-    for row in resolve(found):
-        by_file.setdefault(row.origin, []).append(_from_ruby(spec, row, options))
+    for migration in _from_ruby(spec, found, options):
+        by_file.setdefault((migration.origin or "").rpartition(":")[0], []).append(migration)
     out: list[Migration] = []
     for file, text in texts.items():
         if file.suffix == ".rb" or file in configs:
@@ -148,13 +149,13 @@ def _sidekiq_config(spec: Dialect, file: Path, text: str) -> tuple[bool, RubyJob
         return False, None
     if not isinstance(doc, Mapping):
         return False, None
-    keys = {str(k).lstrip(":"): v for k, v in doc.items()}
+    keys = normalize(doc, "sidekiq")
     if not (keys.keys() & _SIDEKIQ_CONFIG or file.name in ("sidekiq.yml", "sidekiq.yaml")):
         return False, None
     value, where = keys.get("max_retries"), "max_retries"
     section = keys.get("production")
     if isinstance(section, Mapping):
-        inner = {str(k).lstrip(":"): v for k, v in section.items()}
+        inner = normalize(section, "sidekiq")
         if "max_retries" in inner:
             value, where = inner["max_retries"], "production:"
     if value is None:
@@ -234,13 +235,13 @@ def _named(item: Mapping[Any, Any], spec: Dialect) -> tuple[str | None, dict[Any
     return label, rest
 
 
-def _from_ruby_files(spec: Dialect, texts: list[tuple[str, str]],
-                     options: Mapping[str, Any]) -> list[Migration]:
-    found = [(origin, job) for origin, text in texts for job in read_ruby(text)]
-    return [_from_ruby(spec, row, options) for row in resolve(found)]
+def _from_ruby(spec: Dialect, found: list[tuple[str, RubyJob]],
+               options: Mapping[str, Any]) -> list[Migration]:
+    """The migrations of every job class among what ``read_ruby`` found (file, entry)."""
+    return [_from_row(spec, row, options) for row in resolve(found)]
 
 
-def _from_ruby(spec: Dialect, row: Resolved, options: Mapping[str, Any]) -> Migration:
+def _from_row(spec: Dialect, row: Resolved, options: Mapping[str, Any]) -> Migration:
     job = row.job
     migration = spec.translate(job.options, name=job.name, origin=f"{row.origin}:{job.line}",
                                **_kwargs(spec, options))

@@ -213,23 +213,23 @@ def _with_random_term(fields: dict[str, Any], fit: Fit, bands: list[Band], retri
                       notes: Notes) -> dict[str, Any]:
     """The block's own fit where it keeps Sidekiq's schedule; else a fit of what Sidekiq
     waits on average (the block's delay plus its random term, which it adds since 6.5.2)."""
-    if compare(bands, policy_from({**fields, "max_attempts": retries + 1})).faithful:
-        notes.add("approximate", "sidekiq_retry_in",
-                  "Sidekiq adds its random term to the block's delay; the OJS policy waits the "
-                  "fitted delay exactly (jitter off)")
-        return fields
-    means = fit_schedule([min(max(b.mean, MIN_INTERVAL_S), MAX_INTERVAL_S) for b in bands])
-    refit = schedule_fields(means, retries, jitter=False)
-    if not compare(bands, policy_from({**refit, "max_attempts": retries + 1})).faithful:
-        notes.add("approximate", "sidekiq_retry_in",  # the shape, not the random term
-                  "Sidekiq adds its random term to the block's delay; the OJS policy waits the "
-                  "fitted delay exactly (jitter off)")
-        return fields
+    def keeps(shape: dict[str, Any]) -> bool:
+        return compare(bands, policy_from({**shape, "max_attempts": retries + 1})).faithful
+
+    if not keeps(fields):
+        means = fit_schedule([min(max(b.mean, MIN_INTERVAL_S), MAX_INTERVAL_S) for b in bands])
+        refit = schedule_fields(means, retries, jitter=False)
+        if keeps(refit):  # lost by the random term, not by its shape
+            notes.add("approximate", "sidekiq_retry_in",
+                      f"Sidekiq adds its random term to the block's delay, and "
+                      f"{fit.describe()} alone would wait too little; the policy is fitted to "
+                      f"the expected sum instead: {means.describe()} ({means.error()}; "
+                      "jitter off)")
+            return refit
     notes.add("approximate", "sidekiq_retry_in",
-              f"Sidekiq adds its random term to the block's delay, and {fit.describe()} alone "
-              f"would wait too little; the policy is fitted to the expected sum instead: "
-              f"{means.describe()} ({means.error()}; jitter off)")
-    return refit
+              "Sidekiq adds its random term to the block's delay; the OJS policy waits the "
+              "fitted delay exactly (jitter off)")
+    return fields
 
 
 def _version(version: str | None, notes: Notes) -> Version:

@@ -113,6 +113,12 @@ def block_state(key: object, make: Callable[[], T]) -> T:
         return state.setdefault(key, made)  # type: ignore[no-any-return]
 
 
+def answers_key(store: object) -> tuple[str, object]:
+    """The block-state key saying whether ``store`` (a Celery app's result backend)
+    answers: written by the eager run, read by ``RetryRecorder.record``."""
+    return ("store-answers", store)
+
+
 def set_block_state(key: object, value: object) -> None:
     """Set ``key`` for the active block (nothing outside one)."""
     with _STATE_LOCK:

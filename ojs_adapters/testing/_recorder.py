@@ -17,7 +17,7 @@ from typing import Any
 from ojs_adapters.decision import Decision
 from ojs_adapters.history import JobRecord, Outcome
 from ojs_adapters.policy import check_jitter_sample
-from ojs_adapters.runtime._instant import RECORDERS_REGISTRY, shared_state
+from ojs_adapters.runtime._instant import RECORDERS_REGISTRY, answers_key, shared_state
 from ojs_adapters.runtime.events import DecisionEvent, add_hook, remove_hook
 
 
@@ -170,7 +170,7 @@ class RetryRecorder:
         if global_broker is not None and all(s is not global_broker for _, s in candidates):
             candidates.append(("dramatiq", global_broker))
         for framework, source in candidates:
-            if self._state.get(("backend-answers", source)) is False:
+            if self._state.get(answers_key(source)) is False:
                 continue  # the block found it does not answer: the record built stands
             try:
                 found = _read(framework, source, job_id)

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
-from celery.worker import state as worker_state
 from click.testing import CliRunner
 
 from celery_ext import DEAD_LETTER_HEADER, HEADER, OjsTask, get_job_record
@@ -32,7 +31,7 @@ from ojs_adapters import ErrorEntry, JobError, JobRecord
 from ojs_adapters.cli import main
 from ojs_adapters.runtime.dlq import DeadLetterFilter, ReplayMark
 from ojs_adapters.runtime.handoff import HEADER_NAMES
-from tests.celery_ext.support import Broker, broker_named
+from tests.celery_ext.support import Broker, broker_named, wake_for_shutdown
 from tests.dlq.scenario import Harness, run_batch_scenario, wait_for
 
 POLICY: dict[str, Any] = {"max_attempts": 1, "on_exhaustion": "dead_letter"}
@@ -135,8 +134,7 @@ def worker(request: pytest.FixtureRequest) -> Iterator[Jobs]:
         with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False,
                           queues=queues, loglevel="CRITICAL", shutdown_timeout=30):
             yield made
-            worker_state.should_terminate = 0  # wake the consumer loop so it stops now
-            made.tasks[0].apply_async((0,), queue=queues[0])
+            wake_for_shutdown(made.tasks[0], 0, queue=queues[0])
     finally:
         for x, level in zip(quiet, levels, strict=True):
             x.setLevel(level)

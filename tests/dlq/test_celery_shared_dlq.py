@@ -9,14 +9,13 @@ from typing import Any
 
 import pytest
 from celery.contrib.testing.worker import start_worker
-from celery.worker import state as worker_state
 
 from celery_ext import OjsTask
 from celery_ext._console import CeleryConsole
 from celery_ext.dlq import dead_letter_queue
 from ojs_adapters import JobError
 from ojs_adapters.runtime.dlq import DeadLetterFilter
-from tests.celery_ext.support import broker_named
+from tests.celery_ext.support import broker_named, wake_for_shutdown
 from tests.dlq.scenario import wait_for
 
 POLICY: dict[str, Any] = {"max_attempts": 1, "on_exhaustion": "dead_letter"}
@@ -66,7 +65,6 @@ def test_one_dead_letter_queue_for_every_queue_keeps_each_letter_s_own_queue(nam
                 assert dlq.list().total == 0
             finally:
                 dlq.close()
-            worker_state.should_terminate = 0
-            task.apply_async((0,), queue=first)
+            wake_for_shutdown(task, 0, queue=first)
     finally:
         broker.cleanup(app)

@@ -31,14 +31,13 @@ from typing import Any
 import pytest
 from celery.contrib.testing.worker import start_worker
 from celery.exceptions import Retry
-from celery.worker import state as worker_state
 
 import celery_ext._deadletter as deadletter_module
 import celery_ext._retry_send as retry_send_module  # where a retry is published
 from celery_ext.records import RecordStore
 from ojs_adapters.runtime.backend_retry import FAILURES_REGISTRY
 from tests.brokers import AMQP_URL, REDIS_URL
-from tests.celery_ext.support import RUNS, Broker, drain, register_tasks
+from tests.celery_ext.support import RUNS, Broker, drain, register_tasks, wake_for_shutdown
 from tests.handoff.proxy import Proxy
 
 #: Jobs per run: even ones succeed on attempt 2, odd ones are dead-lettered after it.
@@ -73,8 +72,7 @@ def _worker(kind: str, proxy: Proxy, after_stop: list[Callable[[], Any]] | None 
                           queues=[queue], loglevel="WARNING", shutdown_timeout=30):
             yield app, tasks, queue, broker
             proxy.restore()
-            worker_state.should_terminate = 0  # wake the consumer loop so it sees the flag
-            tasks["scripted"].apply_async((["ok"],), queue=queue)
+            wake_for_shutdown(tasks["scripted"], ["ok"], queue=queue)
         for step in after_stop or ():
             step()
     finally:

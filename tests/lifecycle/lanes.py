@@ -172,18 +172,15 @@ class CeleryLane(Lane):
 
     def start(self) -> None:
         from celery.contrib.testing.worker import start_worker
-        from celery.worker import state as worker_state
+
+        from tests.celery_ext.support import wake_for_shutdown
 
         wake = self.declare(lambda payload, attempt: None)
         self.stack.enter_context(start_worker(
             self.app, pool="threads", concurrency=4, perform_ping_check=False,
             queues=[self.queue], loglevel="WARNING", shutdown_timeout=30))
 
-        def wake_for_shutdown() -> None:  # the consumer loop sees the flag at once
-            worker_state.should_terminate = 0
-            wake.apply_async(({},), queue=self.queue, ignore_result=True)
-
-        self.stack.callback(wake_for_shutdown)
+        self.stack.callback(wake_for_shutdown, wake, {}, queue=self.queue, ignore_result=True)
 
     def send(self, job: Any, payload: dict[str, Any], *, job_id: str | None = None) -> str:
         job_id = job_id or str(uuid.uuid4())
