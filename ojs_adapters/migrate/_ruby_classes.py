@@ -31,11 +31,13 @@ class Resolved:
 
 def resolve(found: list[tuple[str, RubyJob]]) -> list[Resolved]:
     """The rows of a run from every ``(file, entry)`` ``read_ruby`` found, in order."""
-    named: dict[str, tuple[str, RubyJob]] = {}
+    named: dict[str, tuple[str, RubyJob]] = {}  # a class's entries merged
+    pieces: dict[str, list[tuple[str, RubyJob]]] = {}  # and each with its file
     for origin, job in found:
         if job.name is not None and job.kind != "defaults":
             named[job.name] = (named[job.name][0], _merged(named[job.name][1], job)) \
                 if job.name in named else (origin, job)
+            pieces.setdefault(job.name, []).append((origin, job))
     wide = [(origin, job) for origin, job in found if job.kind == "defaults"]
     defaults: dict[str, Any] = {}
     for _, job in wide:
@@ -50,17 +52,18 @@ def resolve(found: list[tuple[str, RubyJob]]) -> list[Resolved]:
             rows.append(Resolved(origin, job))
         elif job.name not in done:
             done.add(job.name)
-            row = _row(job.name, named, defaults, said, included)
+            row = _row(job.name, named, pieces, defaults, said, included)
             if row is not None:
                 rows.append(row)
     return rows
 
 
-def _row(name: str, named: dict[str, tuple[str, RubyJob]], defaults: dict[str, Any],
+def _row(name: str, named: dict[str, tuple[str, RubyJob]],
+         pieces: dict[str, list[tuple[str, RubyJob]]], defaults: dict[str, Any],
          said: tuple[Note, ...], included: set[str]) -> Resolved | None:
     origin, job = named[name]
     if job.kind == "module":
-        if name in included or not (job.options or job.exhausted):
+        if name in included or not (job.options or any(p.exhausted for _, p in pieces[name])):
             return None
         return Resolved(origin, job, (Note("info", None, "a module: its options apply to "
                                            "the classes that include it, none of them in "
@@ -75,30 +78,32 @@ def _row(name: str, named: dict[str, tuple[str, RubyJob]], defaults: dict[str, A
     notes = list(said) if defaults else []
     options = dict(defaults)
     exhausted: tuple[str, int] | None = None
+    unsure: list[str] = []
     for how, at, entry in parts:
         if how and entry.options:
             notes.append(Note("info", None, f"{how} {entry.name} ({at}:{entry.line}): "
                               f"{', '.join(entry.options)}"))
         options.update(entry.options)
-        notes += [Note("info", None, f"line {line} ({at}): dynamic Ruby left unevaluated: "
-                       f"{text}") for line, text in entry.dynamic]
-        if entry.exhausted is not None:
-            exhausted = (at, entry.exhausted)
+        for file, piece in pieces[entry.name or ""]:  # what a line says, in its own file
+            notes += [Note("info", None, f"line {line} ({file}): dynamic Ruby left "
+                           f"unevaluated: {text}") for line, text in piece.dynamic]
+            notes += [Note("lossy", "retry_on", f"{file}:{line}: ActiveJob's "
+                           "retry_on/discard_on retry or drop the job before Sidekiq sees a "
+                           "failure, and the policy holds only Sidekiq's retries: translate "
+                           "them by hand") for line in piece.active_job]
+            if piece.exhausted is not None:
+                exhausted = (file, piece.exhausted)
+            if piece.unsure:
+                unsure.append(file)
     if missing is not None and missing not in _OUTSIDE \
             and not missing.startswith(_OUTSIDE_PREFIXES):
         notes.append(Note("approximate", None, f"superclass {missing} is not in the files "
                           "read: any Sidekiq options it sets are not included (read the "
                           "directory that holds it too)"))
-    for at, entry in chain:
-        notes += [Note("lossy", "retry_on", f"{at}:{line}: ActiveJob's retry_on/discard_on "
-                       "retry or drop the job before Sidekiq sees a failure, and the policy "
-                       "holds only Sidekiq's retries: translate them by hand") for line in
-                  entry.active_job]
-    if any(entry.unsure for _, _, entry in parts):
-        notes.append(Note("approximate", None, f"{origin}: the class/end nesting of a file "
-                          "this job is in could not be followed to its end (an end missing, "
-                          "or indentation the reader cannot follow): check which class each "
-                          "option was given to"))
+    notes += [Note("approximate", None, f"{file}: the class/end nesting of this file could "
+                   "not be followed to its end (an end missing, or indentation the reader "
+                   "cannot follow): check which class each option was given to")
+              for file in dict.fromkeys(unsure)]
     if exhausted is not None:
         notes.append(Note("lossy", "sidekiq_retries_exhausted", f"{exhausted[0]}:"
                           f"{exhausted[1]}: a block run when retries are exhausted is not "
@@ -138,10 +143,10 @@ def _lookup(name: str, where: RubyJob, named: dict[str, tuple[str, RubyJob]]) ->
 
 
 def _merged(first: RubyJob, later: RubyJob) -> RubyJob:
-    """A class opened again (here or in another file): the later options win."""
+    """A class opened again (here or in another file): the later options win. What its
+    lines say (dynamic text, blocks) stays with each entry, which knows its file."""
     return replace(first, options={**first.options, **later.options},
-                   dynamic=first.dynamic + later.dynamic, parent=first.parent or later.parent,
-                   exhausted=later.exhausted or first.exhausted,
+                   parent=first.parent or later.parent,
                    declared=first.declared or later.declared,
                    mixins=first.mixins + later.mixins)
 

@@ -280,6 +280,21 @@ def test_a_directory_scan_keeps_every_spelling_a_dialect_reads(tmp_path: Path) -
     assert "B" in [m.name for m in migrate_path("sidekiq", tmp_path)]
 
 
+def test_a_reopened_class_or_a_concern_keeps_its_activejob_retries(tmp_path: Path) -> None:
+    found = _rows(tmp_path, {
+        "a.rb": "class ImportJob < ActiveJob::Base\n  include Retrying\n"
+                "  sidekiq_options retry: 2\nend\n",
+        "b.rb": "class ImportJob\n  retry_on Net::ReadTimeout, attempts: 5\nend\n",
+        "c.rb": "module Retrying\n  extend ActiveSupport::Concern\n  included do\n"
+                "    discard_on Gone\n  end\nend\n",
+        "d.rb": "class ExportJob\n  include Sidekiq::Job\nend\nclass ExportJob\n  def x\n",
+    })
+    lines = sorted(n.text.split(":")[0].rsplit("/", 1)[-1] + n.text.split(":")[1]
+                   for n in found["ImportJob"].notes if n.field == "retry_on")
+    assert lines == ["b.rb2", "c.rb4"]  # the reopened class's and the concern's
+    assert any("could not be followed" in n.text for n in found["ExportJob"].notes)
+
+
 ruby_values = st.fixed_dictionaries(
     {"retry": st.one_of(st.booleans(), st.integers(0, 100))},
     optional={"dead": st.booleans(), "retry_for": st.integers(1, 30),
