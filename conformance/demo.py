@@ -31,8 +31,9 @@ from rich.live import Live
 from rich.table import Table
 
 from conformance._demo_log import append_file, captured
+from conformance._demo_needs import broker_kind, runnable
 from conformance.driver import Driver
-from conformance.drivers import DRIVERS, MEMORY_ALIASES, get_driver
+from conformance.drivers import MEMORY_ALIASES, get_driver
 from conformance.report import broker_label
 from conformance.runner import TERMINAL_STATES
 from conformance.scenarios import load_scenarios
@@ -45,6 +46,8 @@ DEMO_JOBS: dict[str, str] = {
     "handler-discard": "handler says DISCARD",
     "exhaustion-dead-letters": "always fails",
 }
+#: Under the jobs table: what its marks say.
+LEGEND = "x: the attempt failed; ok: it succeeded; ..: it is running."
 #: Seconds the demo waits for every job to finish.
 TIMEOUT = 25.0
 
@@ -106,6 +109,8 @@ def _jobs_table(jobs: list[_Job]) -> Table:
         table.add_row("" if job.label == shown else job.label, job.framework,
                       _attempts(job), result(job.record))
         shown = job.label
+    table.caption = LEGEND
+    table.caption_justify = "left"
     return table
 
 
@@ -165,9 +170,9 @@ def _summary(jobs: list[_Job], dead: dict[str, set[str]]) -> Group:
     return Group(*parts)
 
 
-def run_demo(broker: str, console: Console, log_path: Path,
-             timeout: float = TIMEOUT) -> list[_Job]:
-    """Run the demo jobs on every framework; return them with their final records.
+def run_demo(broker: str, console: Console, log_path: Path, timeout: float = TIMEOUT,
+             frameworks: tuple[str, ...] = ("celery", "dramatiq")) -> list[_Job]:
+    """Run the demo jobs on ``frameworks``; return them with their final records.
 
     The frameworks' logging, warnings and stderr go to ``log_path``, with the
     logs of any worker subprocess appended at the end.
@@ -180,7 +185,7 @@ def run_demo(broker: str, console: Console, log_path: Path,
         log = AttemptLog(folder)
         try:
             with captured(log_path), _stopping(drivers):
-                for framework in sorted(DRIVERS):
+                for framework in frameworks:
                     driver = drivers[framework] = get_driver(framework)(broker, Path(folder))
                     driver.start(scenarios)
                 for scenario in sorted(scenarios, key=lambda s: list(DEMO_JOBS).index(s.id)):
@@ -256,16 +261,20 @@ def command(broker: str, log_file: Path | None) -> None:
         fd, name = tempfile.mkstemp(prefix="ojs-demo-", suffix=".log")
         os.close(fd)
         log_file = Path(name)
+    frameworks, notes = runnable(broker_kind(broker))
     console = Console()
-    console.print(f"[bold]ojs-adapters demo[/]: {len(DEMO_JOBS)} jobs, "
-                  "each on Celery and on Dramatiq.", highlight=False)
+    both = len(frameworks) > 1
+    on = "each on Celery and on Dramatiq" if both else f"on {frameworks[0].capitalize()}"
+    console.print(f"[bold]ojs-adapters demo[/]: {len(DEMO_JOBS)} jobs, {on}.", highlight=False)
     where = "memory (embedded)" if broker in MEMORY_ALIASES else broker_label(broker)
-    console.print(f"Broker: {where}. Each job has the same policy on both frameworks.",
-                  highlight=False)
+    same = " Each job has the same policy on both frameworks." if both else ""
+    console.print(f"Broker: {where}.{same}", highlight=False)
+    for note in notes:
+        console.print(note, highlight=False, markup=False)
     console.print()
     started = time.monotonic()
     try:
-        jobs = run_demo(broker, console, log_file)
+        jobs = run_demo(broker, console, log_file, frameworks=tuple(frameworks))
     except BaseException:
         _print_log_path(console, log_file)
         raise
@@ -276,7 +285,7 @@ def command(broker: str, log_file: Path | None) -> None:
         console.print(f"[red]Not finished after {TIMEOUT:.0f}s:[/] {', '.join(unfinished)}.")
     if differ:
         console.print(f"[red]Celery and Dramatiq differ on:[/] {', '.join(differ)}.")
-    else:
+    elif both:
         console.print("Celery and Dramatiq agree on every job.")
     _print_log_path(console, log_file)
     sys.exit(1 if unfinished or differ else 0)

@@ -117,3 +117,45 @@ def test_tables_fit_80_columns_uncut_even_when_slow() -> None:
     assert "+92.00s  retry in 20.50s" in text
     assert "celery     non-retryable error, always fails" in text
     assert "dramatiq   (empty)" in text
+
+
+def _demo_without(*modules: str, broker: str = "memory") -> subprocess.CompletedProcess[str]:
+    """``ojs-retry demo`` in a process where ``modules`` cannot be imported (not installed)."""
+    hide = "".join(f"sys.modules[{name!r}] = None; " for name in modules)
+    code = (f"import sys; {hide}from ojs_adapters.cli import main; "
+            f"sys.argv = ['ojs-retry', 'demo', '--broker', {broker!r}]; main()")
+    env = dict(os.environ, COLUMNS="80", LINES="40", TERM="dumb")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=env, check=False)
+
+
+def test_demo_with_one_framework_installed_shows_it_and_names_the_other_extra() -> None:
+    done = _demo_without("dramatiq")
+    out = done.stdout + done.stderr
+    log_file = Path(out.rstrip().splitlines()[-1])
+    try:
+        assert done.returncode == 0, out
+        assert "Traceback" not in out
+        assert "4 jobs, on Celery." in out
+        assert "Not shown: Dramatiq (pip install 'ojs-adapters[dramatiq]' adds it)." in out
+        assert [line for line in out.splitlines() if len(line) > 80] == []
+        assert _row(out, "fails twice, then ok", "celery").endswith(" completed")
+        assert " dramatiq " not in out[out.index("Jobs"):]
+        assert "agree" not in out
+    finally:
+        if log_file.name.startswith("ojs-demo-") and log_file.is_file():
+            log_file.unlink()
+
+
+def test_demo_without_a_framework_or_a_broker_client_says_which_extra() -> None:
+    done = _demo_without("celery", "dramatiq")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert "pip install 'ojs-adapters[celery,dramatiq]'" in done.stderr
+    done = _demo_without("celery", "pika", broker="amqp://guest:guest@127.0.0.1:1//")
+    assert done.returncode == 1
+    assert "pip install 'ojs-adapters[celery-rabbitmq,dramatiq-rabbitmq]'" in done.stderr
+    done = _demo_without(broker="foo://host")
+    assert done.returncode == 2
+    assert "Invalid value for '--broker': 'foo://host'" in done.stderr
+    assert "Traceback" not in done.stderr
