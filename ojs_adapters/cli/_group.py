@@ -14,6 +14,7 @@ Built-in verbs win over a plugin of the same name.
 
 from __future__ import annotations
 
+import re
 from importlib.metadata import EntryPoint, entry_points
 
 import click
@@ -55,6 +56,8 @@ def _load(entry: EntryPoint) -> click.Command:
     """The plugin's command, or a stand-in that reports why it could not be loaded."""
     try:
         command = entry.load()
+    except ModuleNotFoundError as exc:  # a verb of an extra that is not installed
+        return _broken(entry, _not_installed(entry, exc.name or str(exc)))
     except Exception as exc:  # a broken plugin must not break the core verbs
         return _broken(entry, f"{type(exc).__name__}: {exc}")
     if not isinstance(command, click.Command):
@@ -62,12 +65,26 @@ def _load(entry: EntryPoint) -> click.Command:
     return command
 
 
+def _not_installed(entry: EntryPoint, module: str) -> str:
+    """Why a verb cannot load: the module it needs, and the extra of its distribution
+    that installs it when the distribution's metadata names one."""
+    dist = getattr(entry, "dist", None)
+    wanted = module.split(".", 1)[0].replace("_", "-").lower()
+    for line in getattr(dist, "requires", None) or ():
+        name, _, marker = line.partition(";")
+        extra = re.search(r"extra\s*==\s*[\"']([^\"']+)[\"']", marker)
+        if extra and extra.group(1) != "dev" and \
+                re.split(r"[\s\[<>=!~;]", name.strip(), maxsplit=1)[0].lower() == wanted:
+            return (f"it needs {wanted}, which is not installed: "
+                    f"pip install '{_distribution(entry)}[{extra.group(1)}]'")
+    return f"it needs {module.split('.', 1)[0]}, which is not installed"
+
+
 def _broken(entry: EntryPoint, why: str) -> click.Command:
     def report() -> None:
-        raise click.ClickException(f"plugin verb {entry.name!r} ({entry.value}) failed to "
-                                   f"load: {why}")
+        raise click.ClickException(f"{entry.name!r} cannot run here: {why}")
 
-    return click.Command(entry.name, callback=report, help=f"Broken plugin: {why}")
+    return click.Command(entry.name, callback=report, help=f"Cannot run here: {why}.")
 
 
 def _distribution(entry: EntryPoint) -> str:

@@ -7,6 +7,7 @@ The group (help, plugins, never a traceback), ``validate`` and ``schedule``;
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import types
 from importlib.metadata import EntryPoint
@@ -227,7 +228,21 @@ def test_plugins_are_listed_without_import_and_run_on_demand(
     assert "no_such_module_ojs" not in sys.modules
     assert run("hello").output == "hello from a plugin\n"
     broken = run("ghost")
-    assert broken.exit_code == 1 and "failed to load" in broken.output
+    assert broken.exit_code == 1
+    assert "'ghost' cannot run here: it needs no_such_module_ojs, which is not installed" \
+        in broken.output
+
+
+def test_a_verb_whose_extra_is_not_installed_names_the_extra() -> None:
+    """``ojs-retry web`` without the web extra: what to install, not "broken plugin"."""
+    code = ("import sys; sys.modules['starlette'] = None; from ojs_adapters.cli import main; "
+            "sys.argv = ['ojs-retry', 'web']; main()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 1
+    assert "'web' cannot run here: it needs starlette, which is not installed: " \
+        "pip install 'ojs-adapters[web]'" in done.stderr
+    assert "Traceback" not in done.stderr
     # A plugin cannot shadow a built-in verb.
     assert run("validate", "-", input="{}").exit_code == 0
 
