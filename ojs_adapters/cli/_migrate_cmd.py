@@ -30,7 +30,7 @@ EXIT_NEEDS_DECISION = EXIT_UNSUPPORTED
 @click.command()
 @click.option("--from", "dialect", required=True, type=click.Choice(sorted(DIALECTS)),
               help="The system the settings were written for.")
-@click.argument("source", metavar="FILE|DIR", default="-")
+@click.argument("sources", metavar="[FILE|DIR]...", nargs=-1)
 @click.option("--version", "version",
               help="Sidekiq, Faktory or Dramatiq version (the delay formula and defaults "
                    "depend on it).")
@@ -44,16 +44,17 @@ EXIT_NEEDS_DECISION = EXIT_UNSUPPORTED
 @click.option("--rows", is_flag=True, help="Also print the fidelity table, retry by retry.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @reports_ojs_errors
-def migrate(dialect: str, source: str, version: str | None, cap: int | None, allow_lossy: bool,
-            ruby: bool, rows: bool, as_json: bool) -> None:
+def migrate(dialect: str, sources: tuple[str, ...], version: str | None, cap: int | None,
+            allow_lossy: bool, ruby: bool, rows: bool, as_json: bool) -> None:
     """Translate another system's retry settings into OJS policies.
 
     FILE|DIR is a JSON or YAML file of options (one job's, a mapping of job
     names to options, or a list), a Sidekiq .rb file (literal sidekiq_options
     lines and sidekiq_retry_in blocks with literal answers; anything else is
-    reported, not guessed), a directory searched for such files, or - for
-    stdin. For each job it prints the policy as JSON, the notes on every lossy
-    or approximate step, and the fidelity: the worst ratio of new to old
+    reported, not guessed), a directory searched for such files, or - (the
+    default) for stdin. Several are read as one run (app/ and config/). For
+    each job it prints the policy as JSON, the notes on every lossy or
+    approximate step, and the fidelity: the worst ratio of new to old
     expected delay and the total retry window, old and new.
 
     A translation is lossy when a note says behaviour is lost or the schedule
@@ -64,7 +65,7 @@ def migrate(dialect: str, source: str, version: str | None, cap: int | None, all
 
     \b
     Example:
-      ojs-retry migrate --from sidekiq app/jobs/ --version 7.3
+      ojs-retry migrate --from sidekiq app/ config/ --version 7.3
       ojs-retry migrate --from celery tasks.yaml --json
       echo '{"retry": -1}' | ojs-retry migrate --from faktory -
       ojs-retry migrate --from celery tasks.json --cap-unbounded 50
@@ -78,12 +79,15 @@ def migrate(dialect: str, source: str, version: str | None, cap: int | None, all
         raise click.UsageError(f"--cap-unbounded does not apply to {dialect}: it has no "
                                "unbounded retry setting")
     options: dict[str, Any] = {"version": version, "unbounded_attempts": cap}
-    if source == "-":
-        text, origin = read_text(source)
+    if sources in ((), ("-",)):
+        text, origin = read_text("-")
         found = migrate_text(dialect, text, origin=origin, ruby=ruby, **options)
+    elif "-" in sources:
+        raise click.UsageError("- (stdin) cannot be read with files or directories")
     else:
-        found = migrate_path(dialect, source, **options)
+        found = migrate_path(dialect, sources, **options)
     if not found:
+        source = " ".join(sources) or "-"
         raise OjsValidationError(f"no {dialect} retry settings found in {source}",
                                  code="INVALID_PAYLOAD",
                                  details={"field": source, "rule": "must hold retry settings"})

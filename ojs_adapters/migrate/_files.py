@@ -12,7 +12,7 @@ translators and the option names that tell the first shape from the second.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,15 +107,16 @@ def migrate_text(dialect: str, text: str, *, origin: str = "<input>", ruby: bool
             for job_name, opts in entries]
 
 
-def migrate_path(dialect: str, path: str | Path, **options: Any) -> list[Migration]:
-    """Translate every job in a file, or in every matching file under a directory."""
+def migrate_path(dialect: str, path: str | Path | Sequence[str | Path],
+                 **options: Any) -> list[Migration]:
+    """Translate every job in a file, or in every matching file under a directory.
+
+    Several paths (``app/`` and ``config/``) are one run: a job's superclass or Sidekiq's
+    defaults may be in any of them; a file named twice is read once.
+    """
     spec = _dialect(dialect)
-    root = Path(path)
-    if not root.exists():
-        raise _unreadable(str(root), "does not exist")
-    files = [root] if root.is_file() else sorted(
-        p for p in root.rglob("*") if p.is_file() and p.suffix in spec.suffixes)
-    texts = {file: file.read_text(encoding="utf-8-sig", errors="replace") for file in files}
+    scanned = _files_of(spec, [path] if isinstance(path, (str, Path)) else list(path))
+    texts = {file: file.read_text(encoding="utf-8-sig", errors="replace") for file in scanned}
     # Ruby files are read together: a job's superclass and Sidekiq's defaults may live in
     # another file of the run, or in Sidekiq's own config file (``:max_retries:``).
     read = {f: _sidekiq_config(spec, f, t) for f, t in texts.items() if f.suffix != ".rb"}
@@ -133,8 +134,28 @@ def migrate_path(dialect: str, path: str | Path, **options: Any) -> list[Migrati
             out.extend(by_file.get(str(file), []))
         else:
             out.extend(migrate_text(dialect, text, origin=str(file),
-                                    retry_options_only=root.is_dir(), **options))
+                                    retry_options_only=scanned[file], **options))
     return out
+
+
+def _files_of(spec: Dialect, paths: list[str | Path]) -> dict[Path, bool]:
+    """The files to read, in order, each with whether a directory scan found it."""
+    if not paths:
+        raise OjsValidationError("path: no file or directory given", code="INVALID_PAYLOAD",
+                                 details={"field": "path", "rule": "at least one"})
+    files: dict[Path, bool] = {}
+    seen: set[Path] = set()
+    for path in paths:
+        root = Path(path)
+        if not root.exists():
+            raise _unreadable(str(root), "does not exist")
+        found = [(root, False)] if root.is_file() else [
+            (p, True) for p in sorted(root.rglob("*")) if p.is_file() and p.suffix in spec.suffixes]
+        for file, by_scan in found:
+            if file.resolve() not in seen:
+                seen.add(file.resolve())
+                files[file] = by_scan
+    return files
 
 
 def _sidekiq_config(spec: Dialect, file: Path, text: str) -> tuple[bool, RubyJob | None]:

@@ -86,6 +86,28 @@ def test_migrate_prints_policy_notes_and_fidelity(tmp_path: Path) -> None:
     assert "verdict: ok" in result.output  # the spec's mapping keeps the window (issue 16)
 
 
+def test_migrate_reads_app_and_config_as_one_run(tmp_path: Path) -> None:
+    """docs/migration.md: point the command at ``app/`` and ``config/``; the app's defaults
+    in ``config/`` apply to the jobs in ``app/``, and a file named twice counts once."""
+    (tmp_path / "app" / "jobs").mkdir(parents=True)
+    (tmp_path / "config" / "initializers").mkdir(parents=True)
+    (tmp_path / "app" / "jobs" / "hard_job.rb").write_text(
+        "class HardJob\n  include Sidekiq::Job\nend\n")
+    (tmp_path / "config" / "initializers" / "sidekiq.rb").write_text(
+        'Sidekiq.default_job_options = { "retry" => 3 }\n')
+    app, config = str(tmp_path / "app"), str(tmp_path / "config")
+    both = run("migrate", "--from", "sidekiq", app, config, app + "/jobs/hard_job.rb", "--json")
+    assert both.exit_code == 0, both.output
+    migrations = json.loads(both.output)["migrations"]
+    assert sorted(m["name"] for m in migrations) == ["HardJob", "Sidekiq.default_job_options"]
+    found = {m["name"]: m for m in migrations}
+    assert found["HardJob"]["policy"]["max_attempts"] == 4  # Sidekiq's 25 without config/
+    alone = run("migrate", "--from", "sidekiq", app, "--json")
+    assert json.loads(alone.output)["migrations"][0]["policy"]["max_attempts"] == 26
+    mixed = run("migrate", "--from", "sidekiq", app, "-")
+    assert mixed.exit_code == 2 and "- (stdin) cannot be read with files" in mixed.output
+
+
 def test_migrate_unbounded_celery_exits_3_and_is_not_capped() -> None:
     result = run("migrate", "--from", "celery", "-", "--json", input="max_retries: null")
     assert result.exit_code == 3
