@@ -30,12 +30,12 @@ MISSING = {
 }
 
 
-def readme_block(name: str) -> str:
-    """The fenced code between the README's ``<!-- name -->`` markers."""
-    text = (ROOT / "README.md").read_text()
+def readme_block(name: str, document: str = "README.md") -> str:
+    """The fenced code between the ``<!-- name -->`` markers of ``document`` (README.md)."""
+    text = (ROOT / document).read_text()
     match = re.search(rf"<!-- {re.escape(name)} -->\n```[a-z]*\n(.*?)```\n<!-- /{name} -->",
                       text, re.S)
-    assert match, f"README.md has no block <!-- {name} -->"
+    assert match, f"{document} has no block <!-- {name} -->"
     return match.group(1)
 
 

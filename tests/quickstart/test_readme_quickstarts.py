@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import pika.exceptions
 import pytest
 import redis
 
-from tests.quickstart.support import ROOT, Worker, readme_block, run_script
+from tests.quickstart.support import ROOT, Worker, environment, readme_block, run_script
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -169,3 +171,16 @@ def test_testing_snippet_as_written(tmp_path: Path) -> None:
     snippet = readme_block("testing-snippet")
     out = run_script(tmp_path, snippet, "celery-redis").splitlines()
     assert out[0] == _expected_output(snippet)
+
+
+def test_testing_docs_fixture_example_passes_under_pytest(tmp_path: Path) -> None:
+    """docs/testing.md's ``ojs_retries`` example, saved as a test file and run by pytest
+    (the plugin comes from the installed entry point), with only ``[celery]`` importable."""
+    (tmp_path / "test_charge.py").write_text(readme_block("fixture-example", "docs/testing.md"))
+    env = environment("celery-redis")
+    env["OJS_BLOCK"] = env["OJS_BLOCK"].replace(",pytest", "")  # the user's test runner
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "test_charge.py"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
