@@ -116,7 +116,7 @@ def _put_riding(self: Any, queue: str, message: Any, **kwargs: Any) -> None:
         _ORIGINAL[0](self, queue, message, **kwargs)
         return
     if rider.queue != queue or kwargs.get("_publish_batch") is not None or \
-            (self._expires and queue in self._expires):
+            (self._expires and queue in self._expires) or not _same_server(self, rider.client):
         if rider.first:
             _save_alone(rider)
         _ORIGINAL[0](self, queue, message, **kwargs)
@@ -132,7 +132,10 @@ def _put_riding(self: Any, queue: str, message: Any, **kwargs: Any) -> None:
     replies = redis_wire.transaction(rider.client, commands)  # raises if nothing applied
     rider.armed = False  # a failed try keeps it armed: the next try rides again
     pushed, saved = (replies[1], replies[0]) if rider.first else (replies[0], replies[1])
-    rider.written = not isinstance(saved, Exception)
+    # A push refused inside EXEC (a queue key of another type) leaves the save applied
+    # alone: not "written with the push", so the caller puts back the record as it must
+    # be without a successor (``finish``).
+    rider.written = not isinstance(saved, Exception) and not isinstance(pushed, Exception)
     if isinstance(pushed, Exception):
         raise pushed
 
@@ -146,10 +149,16 @@ def _save_alone(rider: PutRider) -> None:
 
 
 def _same_server(channel: Any, client: Any) -> bool:
-    """Whether kombu's ``channel`` talks to the server and database of ``client``."""
+    """Whether kombu's ``channel`` talks to the server and database of ``client``: the
+    same address, named in both pools. A Sentinel pool names none (its master is found at
+    connect time, and two services look alike): it never rides."""
     try:
-        theirs = channel.pool.connection_kwargs
-        ours = client.connection_pool.connection_kwargs
+        theirs, ours = channel.pool, client.connection_pool
+        mine, other = theirs.connection_kwargs, ours.connection_kwargs
     except AttributeError:
         return False
-    return all(theirs.get(name) == ours.get(name) for name in _SAME)
+    if getattr(theirs, "service_name", None) is not None or \
+            getattr(ours, "service_name", None) is not None or \
+            (mine.get("host") is None and mine.get("path") is None):
+        return False
+    return all(mine.get(name) == other.get(name) for name in _SAME)

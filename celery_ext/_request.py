@@ -77,12 +77,15 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
         store = RecordStore(self.task.backend)
         # The mark rides in the MULTI after the dead letter's push when broker and backend
         # are one Redis (``_publish_ride``); else it is saved alone below.
-        store.save_with_publish(self.task.app, handed_off(exc.record), queue, first=False)
+        riding = store.save_with_publish(self.task.app, handed_off(exc.record), queue,
+                                         first=False)
         try:
             published = self._publish_dead_letter(queue, exc)
         finally:
             marked = publish_ride.finish()
         if not published:
+            if riding:  # a push refused inside EXEC leaves the mark applied: take it back
+                self._unmark(store, exc)
             return False
         logger.info("%s[%s]: dead-lettered to %r", self.name, self.id, queue)
         dead_lettered(exc.record, queue)  # the on_dead_letter hooks (ojs_adapters.runtime.alerts)
@@ -96,6 +99,16 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
             logger.warning("%s[%s]: cannot mark the dead letter in the job record",
                            self.name, self.id, exc_info=True)
         return True
+
+    def _unmark(self, store: RecordStore, exc: JobDeadLettered) -> None:
+        """The record without the dead letter's mark, so that the redelivery publishes it."""
+        try:
+            with_retry(self.task.app, lambda: store.save(exc.record),
+                       operation="write job record")
+        except Exception:
+            count_failure("write job record", "failed")
+            logger.warning("%s[%s]: cannot take back the dead letter's mark in the job record",
+                           self.name, self.id, exc_info=True)
 
     def _publish_dead_letter(self, queue: str, exc: JobDeadLettered) -> bool:
         """The dead letter, or the original as it came when the full one cannot be

@@ -212,3 +212,67 @@ def test_an_amqp_broker_is_never_asked_for_a_channel_to_know_it_shares_nothing(
         assert shares_server(app, client) is False
     finally:
         client.close()
+
+
+@pytest.mark.broker
+def test_a_dead_letter_push_refused_inside_exec_leaves_no_mark(
+        env: Env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Redis refuses a push inside EXEC (the dead-letter queue's key, declared before, now
+    holds a string) and applies the mark that rode with it: the mark is taken back, so the
+    redelivered original publishes its dead letter once the key is fixed. Before, it was
+    dropped as a duplicate and the job was lost."""
+    import kombu.messaging
+
+    if env.name != "redis":
+        pytest.skip("rides are Redis's")
+    queue, scripted = env.take_queue(), env.tasks["scripted"]
+    client, store = env.app.backend.client, RecordStore(env.app.backend)
+    dead_key = f"{env.broker.prefix}:{queue}.dead_letter"
+    policy = {"max_attempts": 1, "on_exhaustion": "dead_letter"}
+    # As on a connection that declared the queue before the key changed type: kombu asks
+    # a queue's length once per connection, and the worker's pool has several.
+    monkeypatch.setattr(kombu.messaging, "maybe_declare", lambda *args, **kwargs: False)
+    client.set(dead_key, "not a list")
+    dead = scripted.apply_async((["raise:value"],), queue=queue, retry_policy=policy)
+    # every try refused, the original requeued, and its redelivery judged
+    wait_for(lambda: sum("requeueing" in r.getMessage() for r in caplog.records) >= 2,
+             timeout=30)
+    client.delete(dead_key)
+    wait_for(lambda: client.type(dead_key) == b"list", timeout=20)
+    assert client.llen(dead_key) == 1
+    stored = store.load(dead.id)
+    assert stored is not None and stored.extra.get(HANDED_OFF) and stored.dead_lettered
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("first", [True, False], ids=["retry-record-first", "mark-after"])
+def test_a_push_refused_inside_exec_is_not_written_with_it(app: Celery, first: bool) -> None:
+    """The save applied without the push: ``finish`` says it did not ride, so the caller
+    puts the record back as it must be without a successor."""
+    import redis
+
+    store, queue = RecordStore(app.backend), f"q-{uuid.uuid4().hex[:6]}"
+    prefix = app.conf.broker_transport_options["global_keyprefix"]
+    _push(app, queue)  # declared (kombu asks the key's length once per connection)
+    app.backend.client.delete(prefix + queue)
+    app.backend.client.set(prefix + queue, "not a list")
+    assert store.save_with_publish(app, _retryable("putride-7"), queue, first=first)
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        _push(app, queue)
+    assert not _publish_ride.finish()
+    assert store.load("putride-7") is not None  # it did apply: the caller must put it back
+
+
+def test_sentinel_pools_never_ride() -> None:
+    """Two Sentinel services show no host in their pools' settings: alike to a comparison
+    of addresses, on different masters. A push must not ride on the backend's master."""
+    from redis.sentinel import Sentinel
+
+    sentinel = Sentinel([("127.0.0.1", 1)])
+    broker, results = sentinel.master_for("broker"), sentinel.master_for("results")
+
+    class Channel:
+        pool = broker.connection_pool
+
+    assert not _publish_ride._same_server(Channel(), results)
+    assert not _publish_ride._same_server(Channel(), broker)
