@@ -261,9 +261,12 @@ def group_of(client: Any) -> GroupCommit:
         known = None
     if known is not None and known[0] == pid:
         return known[1]
-    key = (pid, _settings(client))
-    with _GROUPS_LOCK:
-        group = _GROUPS.setdefault(key, GroupCommit())
+    settings = _settings(client)
+    if settings is None:  # shares with no other client
+        group = GroupCommit()
+    else:
+        with _GROUPS_LOCK:
+            group = _GROUPS.setdefault((pid, settings), GroupCommit())
     with contextlib.suppress(TypeError):
         _BY_CLIENT[client] = (pid, group)
     return group
@@ -274,14 +277,22 @@ def run_script(client: Any, lua: str, keys: Sequence[Any], args: Sequence[Any]) 
     return group_of(client).run(client, lua, keys, args)
 
 
+#: Connection settings held as objects that choose the server or the identity: a pool
+#: with one is interchangeable with no other (it gets a group of its own).
+_OWN_OBJECTS = ("credential_provider", "ssl_context")
+
+
 def _settings(client: Any) -> Any:
     """What makes two clients interchangeable: their pool's connection class and plain
     connection settings (host, port, db, credentials, decoding; not per-pool helper
-    objects). A client without a pool, a test double say, is its own."""
+    objects). ``None``: shared with no other client (no pool, a test double say; a
+    Sentinel pool, whose master is found at connect time and whose settings name no
+    address; a credential provider or an SSL context object)."""
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
-    if not isinstance(kwargs, dict):
-        return id(client)
+    if not isinstance(kwargs, dict) or getattr(pool, "service_name", None) is not None or \
+            any(kwargs.get(name) is not None for name in _OWN_OBJECTS):
+        return None
     plain = (str, bytes, int, float, bool, type(None))
     return (getattr(pool, "connection_class", None),
             frozenset((k, v) for k, v in kwargs.items() if isinstance(v, plain)))

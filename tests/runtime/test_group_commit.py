@@ -290,3 +290,30 @@ def test_callers_interrupted_anywhere_leave_the_group_working() -> None:
     running = [n for n in range(6) if n not in left]
     assert len(running) >= 3 and all(done[n] > before[n] for n in running), \
         "the group stopped answering"
+
+
+def test_clients_share_a_group_only_when_their_settings_name_one_server() -> None:
+    """Two Sentinel services look alike in their pools' settings (no host: the master is
+    found at connect time); a shared group would send one service's scripts to the other's
+    master. Plain clients of one server share one (Celery's per-thread backends)."""
+    import redis
+    from redis.sentinel import Sentinel
+
+    sentinel = Sentinel([("127.0.0.1", 1)])
+    jobs, records = sentinel.master_for("jobs"), sentinel.master_for("records")
+    assert group_of(jobs) is not group_of(records)
+    assert group_of(jobs) is group_of(jobs)
+    a, b = redis.Redis(host="127.0.0.1", port=1, db=3), redis.Redis(host="127.0.0.1", port=1, db=3)
+    assert group_of(a) is group_of(b)
+    assert group_of(a) is not group_of(redis.Redis(host="127.0.0.1", port=1, db=4))
+
+    class Provider(redis.CredentialProvider):
+        def __init__(self, user: str) -> None:
+            self.user = user
+
+        def get_credentials(self) -> tuple[str, str]:
+            return self.user, "secret"
+
+    alice = redis.Redis(host="127.0.0.1", port=1, credential_provider=Provider("alice"))
+    bob = redis.Redis(host="127.0.0.1", port=1, credential_provider=Provider("bob"))
+    assert group_of(alice) is not group_of(bob)
