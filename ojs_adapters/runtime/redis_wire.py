@@ -222,12 +222,26 @@ class Line:
 
 
 def _send_on(conn: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
-    packed = _pack(conn, commands)
+    """The replies of ``commands``; a connection lost midway (with the client's retry)
+    sends again only the commands whose replies were not read: one answered ran, and
+    must not run twice (a batch holds other threads' scripts). A ``MULTI`` block is sent
+    again whole: its queued commands ran only if its ``EXEC`` was answered."""
+    replies: list[Any] = []
     retry = getattr(conn, "retry", None)
     if retry is None:
-        return _exchange(conn, packed, len(commands))
+        _exchange(conn, _pack(conn, commands), len(commands), replies)
+        return replies
+    whole = bool(commands) and str(commands[0][0]).upper() == "MULTI"
+
+    def attempt() -> list[Any]:
+        if whole:
+            del replies[:]
+        left = commands[len(replies):]
+        _exchange(conn, _pack(conn, left), len(left), replies)
+        return replies
+
     return retry.call_with_retry(  # type: ignore[no-any-return]
-        lambda: _exchange(conn, packed, len(commands)), lambda *_: conn.disconnect())
+        attempt, lambda *_: conn.disconnect())
 
 
 def _pack(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:
@@ -258,9 +272,10 @@ def _pack(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:
     return [b"".join(out)]
 
 
-def _exchange(conn: Any, packed: Any, replies_due: int) -> list[Any]:
+def _exchange(conn: Any, packed: Any, replies_due: int, replies: list[Any]) -> None:
+    """Send ``packed`` and append its ``replies_due`` replies to ``replies`` as they are
+    read (an error reply as its exception)."""
     conn.send_packed_command(packed)
-    replies: list[Any] = []
     for _ in range(replies_due):
         try:
             replies.append(conn.read_response())
@@ -268,7 +283,6 @@ def _exchange(conn: Any, packed: Any, replies_due: int) -> list[Any]:
             if not is_reply_error(error):
                 raise
             replies.append(error)
-    return replies
 
 
 def is_reply_error(error: BaseException) -> bool:

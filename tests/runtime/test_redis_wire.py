@@ -402,3 +402,33 @@ def test_a_kept_connection_its_pool_no_longer_owns_is_not_used_again(redis_url: 
     finally:
         client.delete(key)
         client.close()
+
+
+def test_a_connection_lost_midway_sends_again_only_the_unanswered_commands(
+        key: str, redis_url: str) -> None:
+    """A batch holds other threads' scripts: one whose reply was read ran, and must not run
+    a second time when the connection is lost after it (the client's retry)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    admin = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(redis_url, retry=Retry(NoBackoff(), 3))  # as Dramatiq's
+    pool = redis_wire.pool_of(client)
+    name = f"ojs-wire-{uuid.uuid4().hex[:8]}"
+    try:
+        assert redis_wire.send(pool, [("CLIENT", "SETNAME", name)]) == [b"OK"]
+        own = next(c["id"] for c in admin.client_list() if c.get("name") == name)
+        # Redis answers the kill, then closes this connection: the last INCR is unanswered.
+        replies = redis_wire.send(pool, [("CLIENT", "GETNAME"), ("INCR", key),
+                                         ("CLIENT", "KILL", "ID", own, "SKIPME", "no"),
+                                         ("INCR", key + ":after")])
+        assert admin.get(key) == b"1", "an answered command ran again"
+        assert admin.get(key + ":after") == b"1"
+        assert replies == [name.encode(), 1, 1, 1]
+        # a MULTI block is sent again whole: its commands ran only if EXEC was answered
+        assert redis_wire.transaction(client, [("INCR", key)]) == [2]
+    finally:
+        admin.delete(key + ":after")
+        admin.close()
+        client.close()
