@@ -185,7 +185,8 @@ def list_(framework: str, app: str | None, broker: str | None, options: tuple[st
         return
     table = Table(title=f"page {found.number}/{found.pages}, {found.total} dead letters")
     for name in ("id", "queue", "task type", "error", "attempt", "replays", "dead-lettered at"):
-        table.add_column(name, no_wrap=name in ("id", "dead-lettered at"))
+        whole = name in ("id", "dead-lettered at")  # folded, a name stays whole to read
+        table.add_column(name, no_wrap=whole, overflow="ellipsis" if whole else "fold")
     for x in found.items:
         table.add_row(x.id, x.queue, x.task_type, x.error_type or "-", str(x.attempt),
                       str(x.replay_count), x.to_dict(payload=False)["dead_lettered_at"])
