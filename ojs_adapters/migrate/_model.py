@@ -185,7 +185,8 @@ class Fidelity:
         ratio = "inf" if math.isinf(worst.ratio) else f"{worst.ratio:.3g}"
         window = self.window_ratio
         change = "" if math.isinf(window) else f" ({100 * (window - 1):+.1f}%)"
-        return (f"worst ratio {ratio} (new/old expected delay) at retry {worst.retry}; "
+        return (f"worst ratio {ratio} (new/old expected delay: {human_span(worst.new.mean)} "
+                f"for {human_span(worst.old.mean)}) at retry {worst.retry}; "
                 f"expected total wait {human_span(self.old_total)} -> "
                 f"{human_span(self.new_total)}{change}{scope}")
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,9 @@ def test_migrate_prints_policy_notes_and_fidelity(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert '"max_attempts": 6' in result.output
     assert "fidelity: worst ratio" in result.output
+    # the two expected delays beside their ratio: a small ratio may be seconds apart
+    assert re.search(r"worst ratio \S+ \(new/old expected delay: \S+ for \S+\) at retry \d",
+                     result.output)
     assert "approximate: retry:" in result.output
     assert "Old delay" in result.output
     assert "verdict: ok" in result.output  # the spec's mapping keeps the window (issue 16)
