@@ -36,7 +36,7 @@ class PutRider:
     """A record save waiting for the next push to ``queue`` in this thread."""
 
     __slots__ = ("alone", "args", "armed", "client", "first", "keys", "lua", "queue",
-                 "written")
+                 "stray", "written")
 
     def __init__(self, client: Any, queue: str, lua: str, keys: Sequence[Any],
                  args: Sequence[Any], first: bool, alone: Callable[[], None] | None) -> None:
@@ -44,7 +44,8 @@ class PutRider:
         self.first = first  # the save before the push (a retry), else after (a mark)
         self.alone = alone  # a first save's record as it must be before a push it cannot ride
         self.armed = True
-        self.written = False
+        self.written = False  # applied with the push
+        self.stray = False  # applied without it: Redis refused the push inside EXEC
 
 
 def attach(app: Any, client: Any, queue: str, lua: str, keys: Sequence[Any],
@@ -83,9 +84,15 @@ def shares_server(app: Any, client: Any) -> bool:
 
 def finish() -> bool:
     """Disarm this thread's rider; whether its save went in with the push."""
+    return settle()[0]
+
+
+def settle() -> tuple[bool, bool]:
+    """Disarm this thread's rider: whether its save went in with the push, and whether it
+    went in without it (Redis refused the push inside the transaction)."""
     rider: PutRider | None = getattr(_LOCAL, "rider", None)
     _LOCAL.rider = None
-    return rider is not None and rider.written
+    return (rider is not None and rider.written), (rider is not None and rider.stray)
 
 
 def _install() -> bool:
@@ -136,6 +143,7 @@ def _put_riding(self: Any, queue: str, message: Any, **kwargs: Any) -> None:
     # alone: not "written with the push", so the caller puts back the record as it must
     # be without a successor (``finish``).
     rider.written = not isinstance(saved, Exception) and not isinstance(pushed, Exception)
+    rider.stray = not isinstance(saved, Exception) and isinstance(pushed, Exception)
     if isinstance(pushed, Exception):
         raise pushed
 

@@ -77,14 +77,13 @@ class OjsRequest(Request):  # type: ignore[misc]  # celery ships no type hints
         store = RecordStore(self.task.backend)
         # The mark rides in the MULTI after the dead letter's push when broker and backend
         # are one Redis (``_publish_ride``); else it is saved alone below.
-        riding = store.save_with_publish(self.task.app, handed_off(exc.record), queue,
-                                         first=False)
+        store.save_with_publish(self.task.app, handed_off(exc.record), queue, first=False)
         try:
             published = self._publish_dead_letter(queue, exc)
         finally:
-            marked = publish_ride.finish()
+            marked, stray = publish_ride.settle()
         if not published:
-            if riding:  # a push refused inside EXEC leaves the mark applied: take it back
+            if stray:  # the push refused inside EXEC, the mark applied: take it back
                 self._unmark(store, exc)
             return False
         logger.info("%s[%s]: dead-lettered to %r", self.name, self.id, queue)
