@@ -187,9 +187,16 @@ class GroupCommit:
                 for call in batch:
                     pipe.evalsha(script_sha(call.lua), len(call.keys), *call.keys, *call.args)
                 replies = pipe.execute(raise_on_error=False)
-        except Exception as error:  # every caller sees it and retries as it would alone
-            for call in batch:
-                call.error = error
+        except Exception as error:
+            # A call whose script answered before the connection was lost keeps its reply
+            # (it ran); the others see the error and retry as they would alone.
+            done = redis_wire.answered(error)
+            for i, call in enumerate(batch):
+                reply = done[i] if i < len(done) and not _no_script(done[i]) else error
+                if isinstance(reply, BaseException):
+                    call.error = reply
+                else:
+                    call.reply = reply
             return
         for call, reply in zip(batch, replies, strict=True):
             if _no_script(reply) and pool is None:  # Redis lost its scripts: load, send again
@@ -285,16 +292,26 @@ _OWN_OBJECTS = ("credential_provider", "ssl_context")
 def _settings(client: Any) -> Any:
     """What makes two clients interchangeable: their pool's connection class and plain
     connection settings (host, port, db, credentials, decoding; not per-pool helper
-    objects). ``None``: shared with no other client (no pool, a test double say; a
-    Sentinel pool, whose master is found at connect time and whose settings name no
-    address; a credential provider or an SSL context object)."""
-    pool = getattr(client, "connection_pool", None)
+    objects); a Sentinel pool's service and sentinels (its settings name no address: the
+    master is found at connect time). ``None``: shared with no other client (no pool, a
+    test double say; a credential provider or an SSL context object)."""
+    pool: Any = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
-    if not isinstance(kwargs, dict) or getattr(pool, "service_name", None) is not None or \
-            any(kwargs.get(name) is not None for name in _OWN_OBJECTS):
+    if not isinstance(kwargs, dict) or any(kwargs.get(name) is not None
+                                           for name in _OWN_OBJECTS):
         return None
     plain = (str, bytes, int, float, bool, type(None))
-    return (getattr(pool, "connection_class", None),
+    server: Any = None
+    service = getattr(pool, "service_name", None)
+    if service is not None:  # Sentinel: the service, and the sentinels that find its master
+        try:
+            server = (service, frozenset(
+                (s.connection_pool.connection_kwargs.get("host"),
+                 s.connection_pool.connection_kwargs.get("port"))
+                for s in pool.sentinel_manager.sentinels))
+        except (AttributeError, TypeError):
+            return None
+    return (getattr(pool, "connection_class", None), server,
             frozenset((k, v) for k, v in kwargs.items() if isinstance(v, plain)))
 
 

@@ -221,16 +221,16 @@ class Line:
         return replies
 
 
+#: Attribute of an error that ended a send: the replies read before it.
+_ANSWERED = "_ojs_answered"
+
+
 def _send_on(conn: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
     """The replies of ``commands``; a connection lost midway (with the client's retry)
     sends again only the commands whose replies were not read: one answered ran, and
     must not run twice (a batch holds other threads' scripts). A ``MULTI`` block is sent
     again whole: its queued commands ran only if its ``EXEC`` was answered."""
     replies: list[Any] = []
-    retry = getattr(conn, "retry", None)
-    if retry is None:
-        _exchange(conn, _pack(conn, commands), len(commands), replies)
-        return replies
     whole = bool(commands) and str(commands[0][0]).upper() == "MULTI"
 
     def attempt() -> list[Any]:
@@ -240,8 +240,22 @@ def _send_on(conn: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
         _exchange(conn, _pack(conn, left), len(left), replies)
         return replies
 
-    return retry.call_with_retry(  # type: ignore[no-any-return]
-        attempt, lambda *_: conn.disconnect())
+    retry = getattr(conn, "retry", None)
+    try:
+        if retry is None:
+            return attempt()
+        return retry.call_with_retry(  # type: ignore[no-any-return]
+            attempt, lambda *_: conn.disconnect())
+    except BaseException as error:
+        if replies and not whole:  # what did run, for the callers it belongs to
+            setattr(error, _ANSWERED, list(replies))
+        raise
+
+
+def answered(error: BaseException) -> list[Any]:
+    """The replies read before ``error`` ended a ``send``: those commands ran."""
+    found: list[Any] = getattr(error, _ANSWERED, [])
+    return found
 
 
 def _pack(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:

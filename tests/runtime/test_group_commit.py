@@ -302,7 +302,8 @@ def test_clients_share_a_group_only_when_their_settings_name_one_server() -> Non
     sentinel = Sentinel([("127.0.0.1", 1)])
     jobs, records = sentinel.master_for("jobs"), sentinel.master_for("records")
     assert group_of(jobs) is not group_of(records)
-    assert group_of(jobs) is group_of(jobs)
+    assert group_of(jobs) is group_of(Sentinel([("127.0.0.1", 1)]).master_for("jobs"))
+    assert group_of(jobs) is not group_of(Sentinel([("127.0.0.1", 2)]).master_for("jobs"))
     a, b = redis.Redis(host="127.0.0.1", port=1, db=3), redis.Redis(host="127.0.0.1", port=1, db=3)
     assert group_of(a) is group_of(b)
     assert group_of(a) is not group_of(redis.Redis(host="127.0.0.1", port=1, db=4))
@@ -317,3 +318,26 @@ def test_clients_share_a_group_only_when_their_settings_name_one_server() -> Non
     alice = redis.Redis(host="127.0.0.1", port=1, credential_provider=Provider("alice"))
     bob = redis.Redis(host="127.0.0.1", port=1, credential_provider=Provider("bob"))
     assert group_of(alice) is not group_of(bob)
+
+
+def test_a_flush_cut_short_gives_the_answered_scripts_their_replies(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection lost after some scripts of a batch answered, the client's retries
+    spent: those scripts ran, so their callers get their replies instead of an error (and
+    do not run them again alone); the others get the error."""
+    import redis
+
+    from ojs_adapters.runtime import group_commit, redis_wire
+
+    def cut_short(line: Any, pool: Any, scripts: Any) -> list[Any]:
+        error = redis.ConnectionError("dropped")
+        unknown = redis.exceptions.NoScriptError("NOSCRIPT No matching script")
+        setattr(error, redis_wire._ANSWERED, [b"first", unknown])
+        raise error
+
+    monkeypatch.setattr(group_commit, "_on_wire", cut_short)
+    calls = [group_commit._Call(redis.Redis(port=1), "return 1", [], []) for _ in range(3)]
+    GroupCommit()._flush(calls)
+    assert calls[0].reply == b"first" and calls[0].error is None
+    assert isinstance(calls[1].error, redis.ConnectionError)  # NOSCRIPT: it did not run
+    assert isinstance(calls[2].error, redis.ConnectionError)
