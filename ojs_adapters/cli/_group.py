@@ -57,7 +57,10 @@ def _load(entry: EntryPoint) -> click.Command:
     try:
         command = entry.load()
     except ModuleNotFoundError as exc:  # a verb of an extra that is not installed
-        return _broken(entry, _not_installed(entry, exc.name or str(exc)))
+        missing = exc.name or ""
+        if not missing or missing.split(".")[0] == entry.value.split(".")[0]:
+            return _broken(entry, f"{type(exc).__name__}: {exc}")  # its own module: broken
+        return _broken(entry, _not_installed(entry, missing))
     except Exception as exc:  # a broken plugin must not break the core verbs
         return _broken(entry, f"{type(exc).__name__}: {exc}")
     if not isinstance(command, click.Command):
@@ -69,15 +72,20 @@ def _not_installed(entry: EntryPoint, module: str) -> str:
     """Why a verb cannot load: the module it needs, and the extra of its distribution
     that installs it when the distribution's metadata names one."""
     dist = getattr(entry, "dist", None)
-    wanted = module.split(".", 1)[0].replace("_", "-").lower()
+    top = module.split(".", 1)[0]
+    wanted = top.replace("_", "-").lower()
+    extras = []
     for line in getattr(dist, "requires", None) or ():
         name, _, marker = line.partition(";")
         extra = re.search(r"extra\s*==\s*[\"']([^\"']+)[\"']", marker)
         if extra and extra.group(1) != "dev" and \
                 re.split(r"[\s\[<>=!~;]", name.strip(), maxsplit=1)[0].lower() == wanted:
-            return (f"it needs {wanted}, which is not installed: "
-                    f"pip install '{_distribution(entry)}[{extra.group(1)}]'")
-    return f"it needs {module.split('.', 1)[0]}, which is not installed"
+            extras.append(extra.group(1))
+    if not extras:
+        return f"it needs {top}, which is not installed"
+    chosen = entry.name if entry.name in extras else extras[0]  # the verb's own extra first
+    return f"it needs {top}, which is not installed: pip install " \
+        f"'{_distribution(entry)}[{chosen}]'"
 
 
 def _broken(entry: EntryPoint, why: str) -> click.Command:

@@ -12,6 +12,7 @@ translators and the option names that tell the first shape from the second.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,7 +108,7 @@ def migrate_text(dialect: str, text: str, *, origin: str = "<input>", ruby: bool
             for job_name, opts in entries]
 
 
-def migrate_path(dialect: str, path: str | Path | Sequence[str | Path],
+def migrate_path(dialect: str, path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
                  **options: Any) -> list[Migration]:
     """Translate every job in a file, or in every matching file under a directory.
 
@@ -115,7 +116,8 @@ def migrate_path(dialect: str, path: str | Path | Sequence[str | Path],
     defaults may be in any of them; a file named twice is read once.
     """
     spec = _dialect(dialect)
-    scanned = _files_of(spec, [path] if isinstance(path, (str, Path)) else list(path))
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    scanned = _files_of(spec, paths)
     texts = {file: file.read_text(encoding="utf-8-sig", errors="replace") for file in scanned}
     # Ruby files are read together: a job's superclass and Sidekiq's defaults may live in
     # another file of the run, or in Sidekiq's own config file (``:max_retries:``).
@@ -138,7 +140,7 @@ def migrate_path(dialect: str, path: str | Path | Sequence[str | Path],
     return out
 
 
-def _files_of(spec: Dialect, paths: list[str | Path]) -> dict[Path, bool]:
+def _files_of(spec: Dialect, paths: list[str | os.PathLike[str]]) -> dict[Path, bool]:
     """The files to read, in order, each with whether a directory scan found it."""
     if not paths:
         raise OjsValidationError("path: no file or directory given", code="INVALID_PAYLOAD",

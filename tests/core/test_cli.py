@@ -243,6 +243,30 @@ def test_a_verb_whose_extra_is_not_installed_names_the_extra() -> None:
     assert "'web' cannot run here: it needs starlette, which is not installed: " \
         "pip install 'ojs-adapters[web]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_extra_named_is_the_verb_s_own_when_several_list_the_module() -> None:
+    from ojs_adapters.cli._group import _not_installed
+
+    dist = types.SimpleNamespace(name="ojs-adapters", requires=[
+        "prometheus-client>=0.17; extra == 'dev'", "prometheus-client>=0.17; extra == 'metrics'",
+        "prometheus-client>=0.17; extra == 'web'", "starlette>=1.7; extra == \"web\""])
+    web = types.SimpleNamespace(name="web", value="ojs_adapters.web._cmd:command", dist=dist)
+    assert _not_installed(web, "prometheus_client.core").endswith(  # type: ignore[arg-type]
+        "it needs prometheus_client, which is not installed: pip install 'ojs-adapters[web]'")
+    other = types.SimpleNamespace(name="stats", value="x:y", dist=dist)
+    assert _not_installed(other, "prometheus_client").endswith(  # type: ignore[arg-type]
+        "'ojs-adapters[metrics]'")
+    assert _not_installed(web, "leftpad") == "it needs leftpad, which is not installed"  # type: ignore[arg-type]
+
+
+def test_a_verb_missing_a_module_of_its_own_package_is_broken_not_uninstalled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_plugins(monkeypatch, mine="tests.core.no_such_module_ojs:command")
+    broken = run("mine")
+    assert broken.exit_code == 1
+    assert "No module named 'tests.core.no_such_module_ojs'" in broken.output
+    assert "not installed" not in broken.output
     # A plugin cannot shadow a built-in verb.
     assert run("validate", "-", input="{}").exit_code == 0
 

@@ -365,6 +365,18 @@ def test_wrong_shapes_and_unknown_dialects() -> None:
         migrate_path("sidekiq", "/no/such/path")
 
 
+def test_a_path_like_object_is_one_path(tmp_path: Path) -> None:
+    """``os.PathLike`` (pytest's ``tmpdir``, say) reads as one path, as ``Path`` does."""
+    (tmp_path / "jobs.rb").write_text(RUBY)
+
+    class Where:
+        def __fspath__(self) -> str:
+            return str(tmp_path)
+
+    assert {m.name for m in migrate_path("sidekiq", Where())} == \
+        {m.name for m in migrate_path("sidekiq", tmp_path)}
+
+
 # -- the model ------------------------------------------------------------------------
 
 
