@@ -27,6 +27,7 @@ the old terminal record at attempt 1 would take the replay for a duplicate.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -116,6 +117,11 @@ def _app_named(app: str) -> Any:
     from celery.utils.imports import cwd_in_path
 
     with cwd_in_path():
+        module, _, attribute = app.partition(":")
+        if attribute and module:  # Celery says "No module named 'app:nope'" for a bad name
+            name = attribute.split(".", 1)[0]
+            if not hasattr(importlib.import_module(module), name):
+                raise AttributeError(f"module {module!r} has no attribute {name!r}")
         found = find_app(app)
         if not hasattr(found, "connection_for_write") or not hasattr(found, "conf"):
             raise TypeError(f"{app} is {type(found).__name__}, not a Celery app")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import ParamSpec, TypeVar
 
 import click
@@ -131,10 +131,24 @@ def _reports_errors(command: Callable[P, R]) -> Callable[P, R]:
 def _moment(value: str | None, name: str) -> datetime | None:
     if value is None:
         return None
-    if value.startswith("P"):
-        return utc_now() - parse_duration(value, field=name)
-    moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    try:
+        if value.startswith("P"):
+            return utc_now() - _duration(value, name)
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither an ISO 8601 time "
+                                 "(2026-11-27T10:00:00Z) nor a duration ago (P1D, PT6H)",
+                                 param_hint=f"'--{name}'") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _duration(value: str, option: str) -> timedelta:
+    """``value`` as a duration, an error naming the option (not a retry policy field)."""
+    try:
+        return parse_duration(value, field=option)
+    except OjsValidationError:
+        raise click.BadParameter(f"{value!r} is not an ISO 8601 duration (PnDTnHnMnS, "
+                                 "e.g. P7D or PT6H)", param_hint=f"'--{option}'") from None
 
 
 def _filter(queue: str | None, task_type: str | None, error_type: str | None,
@@ -183,7 +197,7 @@ def list_(framework: str, app: str | None, broker: str | None, options: tuple[st
                     "coverage": coverage.to_dict() if coverage else None})
         _tell(note)
         return
-    table = Table(title=f"page {found.number}/{found.pages}, {found.total} dead letters")
+    table = Table(title=f"page {found.number}/{found.pages}, {_letters(found.total)}")
     for name in ("id", "queue", "task type", "error", "attempt", "replays", "dead-lettered at"):
         whole = name in ("id", "dead-lettered at")  # folded, a name stays whole to read
         table.add_column(name, no_wrap=whole, overflow="ellipsis" if whole else "fold")
@@ -248,11 +262,16 @@ def replay(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
     if as_json:
         print_json({"replayed": list(report.replayed), "skipped": list(report.skipped)})
     else:
-        click.echo(f"replayed {len(report.replayed)} dead letters" + (
+        click.echo(f"replayed {_letters(len(report.replayed))}" + (
             f"; skipped {len(report.skipped)} not (or no longer) dead letters here"
             if report.skipped else ""))
     if job_ids and report.skipped:  # a script must tell a typo from a replay
         raise click.exceptions.Exit(1)
+
+
+def _letters(count: int) -> str:
+    """``1 dead letter``, ``2 dead letters``."""
+    return f"{count} dead letter" + ("" if count == 1 else "s")
 
 
 @dlq.command()
@@ -272,6 +291,10 @@ def delete(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
         note = _partial(queue_, queue, app)
     _tell(note)
     print_json({"deleted": removed}) if as_json else click.echo(f"deleted {removed}")
+    if job_ids and removed < len(set(job_ids)):  # a script must tell a typo from a delete
+        missing = ", ".join(sorted(set(job_ids))) if not removed else \
+            f"{len(set(job_ids)) - removed} of {', '.join(sorted(set(job_ids)))}"
+        click.echo(f"not (or no longer) dead letters here: {missing}", err=True)
     if job_ids and not removed:  # none of the ids named a dead letter here
         raise click.exceptions.Exit(1)
 
@@ -307,7 +330,7 @@ def prune(framework: str, app: str | None, broker: str | None, options: tuple[st
           as_json: bool, queue: str | None, max_age: str, max_count: str) -> None:
     """Apply retention now: drop dead letters past --max-age, then the oldest past --max-count."""
     retention = Retention(
-        max_age=None if max_age == "none" else parse_duration(max_age, field="max_age"),
+        max_age=None if max_age == "none" else _duration(max_age, "max-age"),
         max_count=None if max_count == "none" else int(max_count))
     with _opened(framework, app, broker, options, queue) as queue_:
         removed = queue_.prune(retention, queue=queue)

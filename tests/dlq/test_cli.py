@@ -127,7 +127,9 @@ def test_dlq_verbs_list_show_replay_delete_prune_purge(setup: Setup) -> None:
     assert again.exit_code == 1 and json.loads(again.stdout)["skipped"] == [ids[0]]
     typo = setup.run("replay", "no-such-job")
     assert typo.exit_code == 1 and "skipped 1 not (or no longer) dead" in typo.output
-    assert setup.run("delete", "no-such-job").exit_code == 1
+    typo = setup.run("delete", "no-such-job")
+    assert typo.exit_code == 1 and "not (or no longer) dead letters here: no-such-job" \
+        in typo.output  # the id that named nothing, not just "deleted 0"
     wait_for(lambda: len(setup.done) == 2, "the two replayed jobs to succeed")
 
     assert setup.json("delete", ids[2]) == {"deleted": 1}
@@ -154,7 +156,11 @@ def test_dlq_reports_bad_connections_without_a_traceback() -> None:
     assert scheme.exit_code == 1 and "unsupported" in scheme.output
     age = runner.invoke(main, ["dlq", "prune", "--framework", "dramatiq", "--broker", "sqs://x",
                                "--max-age", "P1M"])
-    assert age.exit_code == 1 and "Traceback" not in age.output
+    assert age.exit_code == 2 and "Traceback" not in age.output  # a bad option value
+    assert "Invalid value for '--max-age': 'P1M' is not an ISO 8601 duration" in age.output
+    since = runner.invoke(main, ["dlq", "list", "--framework", "dramatiq", "--broker",
+                                 "sqs://x", "--since", "yesterday"])
+    assert since.exit_code == 2 and "'yesterday' is neither an ISO 8601 time" in since.output
     assert "dlq" in runner.invoke(main, ["--help"]).output
 
 

@@ -134,7 +134,7 @@ def test_list_without_queue_finds_the_dead_letter_in_default_xq(
 
     table = _dlq("list", *connection, "--task-type", actor_name)
     assert table.exit_code == 0, table.output
-    assert "1 dead letters" in table.stdout and message_id in table.stdout
+    assert "1 dead letter" in table.stdout and message_id in table.stdout
     if not found["coverage"]["complete"]:  # no management API: it says where it looked
         assert "looked in: default.XQ" in table.stderr and "--queue NAME" in table.stderr
 
@@ -228,6 +228,9 @@ def test_app_is_imported_from_its_own_folder_like_celery_a(tmp_path: Path, amqp_
         assert dead in json.loads(run.stdout)["coverage"]["looked_in"]
     bad = _ojs_retry(tmp_path, "list", "--framework", "celery", "--app", "nosuchapp")
     assert bad.returncode == 1 and "No module named 'nosuchapp'" in bad.stderr
+    # the module is there, the name in it is not (Celery's own words: "No module 'app:nope'")
+    bad = _ojs_retry(tmp_path, "list", "--framework", "celery", "--app", "app:nope")
+    assert bad.returncode == 1 and "module 'app' has no attribute 'nope'" in bad.stderr
 
 
 def test_celery_by_broker_url_alone_refuses_to_replay_without_the_records() -> None:
