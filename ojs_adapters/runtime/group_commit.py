@@ -160,6 +160,9 @@ class GroupCommit:
             with self._lock:
                 batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
             self._flush(batch)
+        except BaseException as error:  # raised into this thread mid-flush: it goes on up
+            _answer(batch, error, rest=None)  # a call whose script ran keeps its reply
+            raise
         finally:
             raised: BaseException | None = None
             while True:  # to its end, as the hand-on in ``run``
@@ -187,16 +190,8 @@ class GroupCommit:
                 for call in batch:
                     pipe.evalsha(script_sha(call.lua), len(call.keys), *call.keys, *call.args)
                 replies = pipe.execute(raise_on_error=False)
-        except Exception as error:
-            # A call whose script answered before the connection was lost keeps its reply
-            # (it ran); the others see the error and retry as they would alone.
-            done = redis_wire.answered(error)
-            for i, call in enumerate(batch):
-                reply = done[i] if i < len(done) and not _no_script(done[i]) else error
-                if isinstance(reply, BaseException):
-                    call.error = reply
-                else:
-                    call.reply = reply
+        except Exception as error:  # the others see the error, and retry as they would alone
+            _answer(batch, error, rest=error)
             return
         for call, reply in zip(batch, replies, strict=True):
             if _no_script(reply) and pool is None:  # Redis lost its scripts: load, send again
@@ -208,6 +203,27 @@ class GroupCommit:
                 call.error = reply
             else:
                 call.reply = reply
+
+
+def _answer(batch: list[_Call], error: BaseException, *, rest: Exception | None) -> None:
+    """Each call whose script answered before ``error`` ended the send keeps its reply (it
+    ran: retried alone it would run twice); the others get ``rest`` (``None``: left as they
+    are). A script Redis did not know, or a reply the send never read, did not run."""
+    done = redis_wire.answered(error)
+    for i, call in enumerate(batch):
+        if call.reply is not _UNSENT or call.error is not None:
+            continue  # answered before the error
+        reply = done[i] if i < len(done) else error
+        if _no_script(reply) or (isinstance(reply, BaseException)
+                                 and not isinstance(reply, Exception)):
+            reply = error  # it did not run (or the send never read its reply)
+        if reply is not error:
+            if isinstance(reply, Exception):
+                call.error = reply
+            else:
+                call.reply = reply
+        elif rest is not None:
+            call.error = rest
 
 
 #: A script call: its Lua source, keys and arguments.
@@ -224,16 +240,28 @@ def _on_wire(line: redis_wire.Line, pool: Any, scripts: Sequence[Script]) -> lis
     again = [i for i, reply in enumerate(replies) if _no_script(reply)]
     if again:  # the others ran: whatever happens now is only the again calls' reply
         sources = list(dict.fromkeys(scripts[i][0] for i in again))
+        due = len(sources) + len(again)
         try:
             retried = line.send(pool, [("SCRIPT", "LOAD", lua) for lua in sources]
                                 + [evalsha(*scripts[i]) for i in again])
-        except Exception as error:
-            retried = [error] * (len(sources) + len(again))
-        loaded = dict(zip(sources, retried, strict=False))
-        for i, reply in zip(again, retried[len(sources):], strict=True):
-            failed_load = loaded[scripts[i][0]]
-            replies[i] = failed_load if isinstance(failed_load, BaseException) else reply
+        except BaseException as error:  # what the resend read ran; the rest has the error
+            done = redis_wire.answered(error)
+            retried = done + [error] * (due - len(done))
+            if not isinstance(error, Exception):  # raised into this thread: it goes on up,
+                _merge(replies, again, sources, scripts, retried)  # with what ran in order
+                redis_wire.set_answered(error, replies)
+                raise
+        _merge(replies, again, sources, scripts, retried)
     return replies
+
+
+def _merge(replies: list[Any], again: list[int], sources: list[str],
+           scripts: Sequence[Script], retried: list[Any]) -> None:
+    """The again calls' replies in their places: the resend's, or its failed load's error."""
+    loaded = dict(zip(sources, retried, strict=False))
+    for i, reply in zip(again, retried[len(sources):], strict=True):
+        failed_load = loaded[scripts[i][0]]
+        replies[i] = failed_load if isinstance(failed_load, BaseException) else reply
 
 
 def _evalsha(client: Any, lua: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
@@ -305,7 +333,7 @@ def _settings(client: Any) -> Any:
     service = getattr(pool, "service_name", None)
     if service is not None:  # Sentinel: the service, and the sentinels that find its master
         try:
-            server = (service, frozenset(
+            server = (service, getattr(pool, "is_master", True), frozenset(
                 (s.connection_pool.connection_kwargs.get("host"),
                  s.connection_pool.connection_kwargs.get("port"))
                 for s in pool.sentinel_manager.sentinels))

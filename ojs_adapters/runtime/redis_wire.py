@@ -229,7 +229,8 @@ def _send_on(conn: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
     """The replies of ``commands``; a connection lost midway (with the client's retry)
     sends again only the commands whose replies were not read: one answered ran, and
     must not run twice (a batch holds other threads' scripts). A ``MULTI`` block is sent
-    again whole: its queued commands ran only if its ``EXEC`` was answered."""
+    again whole: its commands run at ``EXEC`` (one whose ``EXEC`` ran but whose reply was
+    lost runs twice, as in redis-py's own transaction retry)."""
     replies: list[Any] = []
     whole = bool(commands) and str(commands[0][0]).upper() == "MULTI"
 
@@ -246,9 +247,8 @@ def _send_on(conn: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
             return attempt()
         return retry.call_with_retry(  # type: ignore[no-any-return]
             attempt, lambda *_: conn.disconnect())
-    except BaseException as error:
-        if replies and not whole:  # what did run, for the callers it belongs to
-            setattr(error, _ANSWERED, list(replies))
+    except BaseException as error:  # what did run, for the callers it belongs to
+        set_answered(error, [] if whole else replies)
         raise
 
 
@@ -256,6 +256,13 @@ def answered(error: BaseException) -> list[Any]:
     """The replies read before ``error`` ended a ``send``: those commands ran."""
     found: list[Any] = getattr(error, _ANSWERED, [])
     return found
+
+
+def set_answered(error: BaseException, replies: Sequence[Any]) -> None:
+    """Let ``error`` carry the replies read before it (``answered``); an exception that
+    takes no attributes carries none."""
+    with contextlib.suppress(Exception):
+        setattr(error, _ANSWERED, list(replies))
 
 
 def _pack(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:

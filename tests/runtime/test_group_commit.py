@@ -304,6 +304,10 @@ def test_clients_share_a_group_only_when_their_settings_name_one_server() -> Non
     assert group_of(jobs) is not group_of(records)
     assert group_of(jobs) is group_of(Sentinel([("127.0.0.1", 1)]).master_for("jobs"))
     assert group_of(jobs) is not group_of(Sentinel([("127.0.0.1", 2)]).master_for("jobs"))
+    assert group_of(jobs) is not group_of(sentinel.slave_for("jobs"))  # a replica's
+    two = Sentinel([("127.0.0.2", 1), ("127.0.0.1", 1)])  # the same sentinels, listed apart
+    assert group_of(two.master_for("jobs")) is group_of(
+        Sentinel([("127.0.0.1", 1), ("127.0.0.2", 1)]).master_for("jobs"))
     a, b = redis.Redis(host="127.0.0.1", port=1, db=3), redis.Redis(host="127.0.0.1", port=1, db=3)
     assert group_of(a) is group_of(b)
     assert group_of(a) is not group_of(redis.Redis(host="127.0.0.1", port=1, db=4))
@@ -341,3 +345,57 @@ def test_a_flush_cut_short_gives_the_answered_scripts_their_replies(
     assert calls[0].reply == b"first" and calls[0].error is None
     assert isinstance(calls[1].error, redis.ConnectionError)  # NOSCRIPT: it did not run
     assert isinstance(calls[2].error, redis.ConnectionError)
+
+
+def test_an_exception_raised_into_the_leader_mid_flush_leaves_answered_replies(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dramatiq's time limit raises into the leader while it reads replies: the scripts
+    that answered ran, so their callers get their replies; the rest get a lost connection
+    (they retry alone), and the exception goes on up in the leader."""
+    import redis
+
+    from ojs_adapters.runtime import group_commit, redis_wire
+
+    class TimeLimit(BaseException):
+        pass
+
+    def interrupted(line: Any, pool: Any, scripts: Any) -> list[Any]:
+        error = TimeLimit()
+        redis_wire.set_answered(error, [b"ran", redis.ResponseError("script failed")])
+        raise error
+
+    monkeypatch.setattr(group_commit, "_on_wire", interrupted)
+    group = GroupCommit()
+    calls = [group_commit._Call(redis.Redis(port=1), "return 1", [], []) for _ in range(3)]
+    group._queue = list(calls)
+    with pytest.raises(TimeLimit):
+        group._lead(calls[0])
+    assert calls[0].reply == b"ran" and calls[0].error is None
+    assert isinstance(calls[1].error, redis.ResponseError)  # its own reply: it ran, and failed
+    assert isinstance(calls[2].error, ConnectionError) and calls[2].done
+
+
+def test_a_script_resend_cut_short_keeps_the_replies_it_read() -> None:
+    """Redis had lost the scripts (NOSCRIPT): loaded and sent again, the link lost before
+    the last reply. The script that answered ran; only the other gets the error."""
+    import redis
+
+    from ojs_adapters.runtime import group_commit, redis_wire
+
+    class Line:
+        def __init__(self) -> None:
+            self.sends = 0
+
+        def send(self, pool: Any, commands: Any) -> list[Any]:
+            self.sends += 1
+            unknown = redis.exceptions.NoScriptError("NOSCRIPT No matching script")
+            if self.sends == 1:
+                return [unknown, unknown, b"c-ok"]
+            error = redis.ConnectionError("dropped")
+            redis_wire.set_answered(error, [b"sha-a", b"sha-b", b"a-ran"])
+            raise error
+
+    scripts = [("return 'a'", [], []), ("return 'b'", [], []), ("return 'c'", [], [])]
+    replies = group_commit._on_wire(Line(), None, scripts)  # type: ignore[arg-type]
+    assert replies[0] == b"a-ran" and replies[2] == b"c-ok"
+    assert isinstance(replies[1], redis.ConnectionError)
