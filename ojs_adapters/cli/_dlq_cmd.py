@@ -135,7 +135,7 @@ def _moment(value: str | None, name: str) -> datetime | None:
         if value.startswith("P"):
             return utc_now() - _duration(value, name)
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise click.BadParameter(f"{value!r} is neither an ISO 8601 time "
                                  "(2026-11-27T10:00:00Z) nor a duration ago (P1D, PT6H)",
                                  param_hint=f"'--{name}'") from None
@@ -287,14 +287,14 @@ def delete(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
     if filters.is_empty:
         raise click.UsageError("give job ids or a filter (purge removes everything)")
     with _opened(framework, app, broker, options, queue) as queue_:
+        # a script must tell a typo from a delete: the ids that name no dead letter here
+        missing = sorted(i for i in set(job_ids) if queue_.show(i) is None)
         removed = queue_.delete(filters)
         note = _partial(queue_, queue, app)
     _tell(note)
     print_json({"deleted": removed}) if as_json else click.echo(f"deleted {removed}")
-    if job_ids and removed < len(set(job_ids)):  # a script must tell a typo from a delete
-        missing = ", ".join(sorted(set(job_ids))) if not removed else \
-            f"{len(set(job_ids)) - removed} of {', '.join(sorted(set(job_ids)))}"
-        click.echo(f"not (or no longer) dead letters here: {missing}", err=True)
+    if missing:
+        click.echo(f"not (or no longer) dead letters here: {', '.join(missing)}", err=True)
     if job_ids and not removed:  # none of the ids named a dead letter here
         raise click.exceptions.Exit(1)
 

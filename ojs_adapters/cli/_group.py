@@ -58,7 +58,7 @@ def _load(entry: EntryPoint) -> click.Command:
         command = entry.load()
     except ModuleNotFoundError as exc:  # a verb of an extra that is not installed
         missing = exc.name or ""
-        if not missing or missing.split(".")[0] == entry.value.split(".")[0]:
+        if not missing or missing.split(".")[0] == re.split(r"[.:]", entry.value)[0]:
             return _broken(entry, f"{type(exc).__name__}: {exc}")  # its own module: broken
         return _broken(entry, _not_installed(entry, missing))
     except Exception as exc:  # a broken plugin must not break the core verbs

@@ -132,7 +132,10 @@ def test_dlq_verbs_list_show_replay_delete_prune_purge(setup: Setup) -> None:
         in typo.output  # the id that named nothing, not just "deleted 0"
     wait_for(lambda: len(setup.done) == 2, "the two replayed jobs to succeed")
 
-    assert setup.json("delete", ids[2]) == {"deleted": 1}
+    both = setup.run("delete", ids[2], "no-such-job")  # one deleted, one a typo: named
+    assert both.exit_code == 0 and "deleted 1" in both.output
+    assert "not (or no longer) dead letters here: no-such-job" in both.output
+    assert ids[2] not in both.output.split("here:")[1]
     assert setup.run("delete").exit_code == 2
     assert setup.json("prune", "--max-age", "none", "--max-count", "2") == {"pruned": 1}
     assert setup.json("prune") == {"pruned": 0}
