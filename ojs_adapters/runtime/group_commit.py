@@ -181,18 +181,28 @@ class GroupCommit:
             if pool is not None:
                 replies = _on_wire(self._line, pool,
                                    [(call.lua, call.keys, call.args) for call in batch])
-            elif len(batch) == 1:
+                try:
+                    self._give(batch, replies, pool)
+                except BaseException as error:  # raised into this thread: they all ran
+                    redis_wire.set_answered(error, replies)
+                    raise
+                return
+            if len(batch) == 1:
                 call = batch[0]
                 call.reply = _evalsha(client, call.lua, call.keys, call.args)
                 return
-            else:
-                pipe = client.pipeline(transaction=False)
-                for call in batch:
-                    pipe.evalsha(script_sha(call.lua), len(call.keys), *call.keys, *call.args)
-                replies = pipe.execute(raise_on_error=False)
+            pipe = client.pipeline(transaction=False)
+            for call in batch:
+                pipe.evalsha(script_sha(call.lua), len(call.keys), *call.keys, *call.args)
+            replies = pipe.execute(raise_on_error=False)
         except Exception as error:  # the others see the error, and retry as they would alone
             _answer(batch, error, rest=error)
             return
+        self._give(batch, replies, pool)
+
+    @staticmethod
+    def _give(batch: list[_Call], replies: list[Any], pool: Any) -> None:
+        """Each call its reply (or error)."""
         for call, reply in zip(batch, replies, strict=True):
             if _no_script(reply) and pool is None:  # Redis lost its scripts: load, send again
                 try:

@@ -214,10 +214,14 @@ class Line:
             conn.disconnect()
             self._pool.release(conn)
             raise
-        if _marked(conn):  # a notice read with the replies: dropped, as by ``release``
-            self._pool.release(conn)
-        else:
-            self._conn = conn
+        try:
+            if _marked(conn):  # a notice read with the replies: dropped, as by ``release``
+                self._pool.release(conn)
+            else:
+                self._conn = conn
+        except BaseException as error:  # raised into this thread: the commands ran
+            set_answered(error, replies)
+            raise
         return replies
 
 

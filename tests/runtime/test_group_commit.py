@@ -399,3 +399,26 @@ def test_a_script_resend_cut_short_keeps_the_replies_it_read() -> None:
     replies = group_commit._on_wire(Line(), None, scripts)  # type: ignore[arg-type]
     assert replies[0] == b"a-ran" and replies[2] == b"c-ok"
     assert isinstance(replies[1], redis.ConnectionError)
+
+
+def test_an_exception_raised_into_the_leader_after_the_replies_came_keeps_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every reply was read, and the exception lands as they are handed out: all ran."""
+    import redis
+
+    from ojs_adapters.runtime import group_commit
+
+    class TimeLimit(BaseException):
+        pass
+
+    def interrupted(batch: Any, replies: Any, pool: Any) -> None:
+        raise TimeLimit
+
+    monkeypatch.setattr(group_commit, "_on_wire", lambda line, pool, scripts: [b"a", b"b"])
+    monkeypatch.setattr(GroupCommit, "_give", staticmethod(interrupted))
+    group = GroupCommit()
+    calls = [group_commit._Call(redis.Redis(port=1), "return 1", [], []) for _ in range(2)]
+    group._queue = list(calls)
+    with pytest.raises(TimeLimit):
+        group._lead(calls[0])
+    assert [c.reply for c in calls] == [b"a", b"b"] and all(c.done for c in calls)
