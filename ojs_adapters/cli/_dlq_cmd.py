@@ -17,6 +17,7 @@ and loaded only when a verb runs.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -269,6 +270,10 @@ def replay(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
         raise click.exceptions.Exit(1)
 
 
+#: A page size that holds any selection (``list`` slices what it found).
+_ALL = sys.maxsize
+
+
 def _letters(count: int) -> str:
     """``1 dead letter``, ``2 dead letters``."""
     return f"{count} dead letter" + ("" if count == 1 else "s")
@@ -287,8 +292,9 @@ def delete(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
     if filters.is_empty:
         raise click.UsageError("give job ids or a filter (purge removes everything)")
     with _opened(framework, app, broker, options, queue) as queue_:
-        # a script must tell a typo from a delete: the ids that name no dead letter here
-        missing = sorted(i for i in set(job_ids) if queue_.show(i) is None)
+        # a script must tell a typo from a delete: the ids the selection does not hold
+        chosen = queue_.list(filters, per_page=_ALL).items if job_ids else ()
+        missing = sorted(set(job_ids) - {letter.id for letter in chosen})
         removed = queue_.delete(filters)
         note = _partial(queue_, queue, app)
     _tell(note)

@@ -136,6 +136,8 @@ def test_dlq_verbs_list_show_replay_delete_prune_purge(setup: Setup) -> None:
     assert both.exit_code == 0 and "deleted 1" in both.output
     assert "not (or no longer) dead letters here: no-such-job" in both.output
     assert ids[2] not in both.output.split("here:")[1]
+    elsewhere = setup.run("delete", ids[3], "--queue", "some-other-queue")  # not selected
+    assert elsewhere.exit_code == 1 and f"dead letters here: {ids[3]}" in elsewhere.output
     assert setup.run("delete").exit_code == 2
     assert setup.json("prune", "--max-age", "none", "--max-count", "2") == {"pruned": 1}
     assert setup.json("prune") == {"pruned": 0}
