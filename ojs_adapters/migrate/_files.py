@@ -154,8 +154,9 @@ def _files_of(spec: Dialect, paths: list[str | os.PathLike[str]]) -> dict[Path, 
         found = [(root, False)] if root.is_file() else [
             (p, True) for p in sorted(root.rglob("*")) if p.is_file() and p.suffix in spec.suffixes]
         for file, by_scan in found:
-            if file.resolve() not in seen:
-                seen.add(file.resolve())
+            real = file.resolve()
+            if real not in seen:
+                seen.add(real)
                 files[file] = by_scan
     return files
 

@@ -223,17 +223,16 @@ def _answer(batch: list[_Call], error: BaseException, *, rest: Exception | None)
     for i, call in enumerate(batch):
         if call.reply is not _UNSENT or call.error is not None:
             continue  # answered before the error
-        reply = done[i] if i < len(done) else error
-        if _no_script(reply) or (isinstance(reply, BaseException)
-                                 and not isinstance(reply, Exception)):
-            reply = error  # it did not run (or the send never read its reply)
-        if reply is not error:
-            if isinstance(reply, Exception):
-                call.error = reply
-            else:
-                call.reply = reply
-        elif rest is not None:
-            call.error = rest
+        reply = done[i] if i < len(done) else _UNSENT
+        ran = reply is not _UNSENT and not _no_script(reply) and (
+            isinstance(reply, Exception) or not isinstance(reply, BaseException))
+        if not ran:  # not read, not known to Redis, or an interrupt standing in its place
+            if rest is not None:
+                call.error = rest
+        elif isinstance(reply, Exception):
+            call.error = reply
+        else:
+            call.reply = reply
 
 
 #: A script call: its Lua source, keys and arguments.
