@@ -54,7 +54,13 @@ class AttemptConsumed(MiddlewareError, Retry):
 
     A ``MiddlewareError`` so ``emit_before`` lets it through, a ``Retry`` so the
     worker does not log it as an unhandled error; ``Results`` stores nothing for it.
+    ``failed``: it stands for a failed attempt (``Callbacks`` sends ``on_failure`` only
+    then, ``_callbacks``).
     """
+
+    def __init__(self, message: str = "", *, failed: bool = False) -> None:
+        super().__init__(message)
+        self.failed = failed
 
 
 class DeliveryOutcome:

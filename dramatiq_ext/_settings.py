@@ -21,6 +21,7 @@ from typing import Any
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware, Retries
 
+from dramatiq_ext._callbacks import quiet_unrun
 from dramatiq_ext._handoff import Publisher, is_redis
 from dramatiq_ext._notices import check_store, replaced_retries
 from dramatiq_ext._options import (
@@ -178,6 +179,7 @@ class RetriesSettings(Middleware):
         """Take Dramatiq's ``Retries`` slot (see this module's docstring)."""
         slots = broker.middleware
         for index, other in enumerate(slots):
+            quiet_unrun(other)  # and keep Callbacks from failing a delivery stopped unrun
             if isinstance(other, Retries):
                 mine = next((i for i, m in enumerate(slots) if m is self), None)
                 slots[index] = self

@@ -125,7 +125,8 @@ class OjsRetries(RetriesSettings):
             self._carry_out(broker, message, state, policy,
                             new_record(message, policy, state).started(state.attempt),
                             decide(policy, state.attempt, state.invalid))
-            raise AttemptConsumed("unreadable OJS state: dead-lettered (INVALID_PAYLOAD)")
+            raise AttemptConsumed("unreadable OJS state: dead-lettered (INVALID_PAYLOAD)",
+                                  failed=True)
         # ``admit`` may write the ``active`` record with the claim: a first attempt's (no
         # record yet), or a later one's when the message carries the whole record
         # (``MessageState.countdowns``), over the record of the attempt before.
@@ -167,7 +168,7 @@ class OjsRetries(RetriesSettings):
             state = state._replace(first_attempt_at=state.first_attempt_at or time.time())
             decision = self._decide(broker, message, policy, state, Failure.worker_lost())
             self._carry_out(broker, message, state, policy, record, decision)
-            raise AttemptConsumed("attempt lost with its worker (HANDLER_PANIC)")
+            raise AttemptConsumed("attempt lost with its worker (HANDLER_PANIC)", failed=True)
         if verdict == "resend":
             self.logger.warning("Message %r arrived again after attempt %d was decided: "
                                 "publishing its retry again.", message.message_id, record.attempt)

@@ -187,3 +187,57 @@ def test_an_error_a_middleware_raises_before_admission_is_still_a_failed_attempt
     record = stub_env.wait_record(sent.message_id)
     assert (record.state, record.attempt, record.dead_lettered) == ("discarded", 3, True)
     assert refuse.seen == 3
+
+
+def test_a_duplicate_stopped_unrun_sends_no_on_failure_a_failed_attempt_does(
+        env: Env) -> None:
+    """Dramatiq's ``Callbacks`` sends ``on_failure`` for every failed attempt; a copy of a
+    finished attempt (its ack lost) that OjsRetries drops unrun is no failure, as natively
+    (where it would simply run again), so no ``on_failure`` goes out for it."""
+    failures: list[str] = []
+
+    def failed(message: dict[str, Any], error: dict[str, str]) -> None:
+        failures.append(error["type"])
+
+    handler = env.actor(failed)
+    calls: list[float] = []
+    job = env.actor(flaky_once(calls), on_failure=handler.actor_name,
+                    retry_policy={"max_attempts": 2, "initial_interval": "PT0.1S"})
+    sent = job.send()
+    env.start()
+    assert env.wait_record(sent.message_id).state == "completed"
+    env.broker.enqueue(sent)  # the first attempt's copy again, as after a lost ack
+    time.sleep(1.0)
+    assert len(calls) == 2
+    assert failures == ["RuntimeError"]  # the failed attempt's, and none for the copy
+
+
+def flaky_once(calls: list[float]) -> Any:
+    def job() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise RuntimeError("once")
+
+    return job
+
+
+def test_a_lost_attempt_carried_out_still_sends_on_failure(stub_env: Env) -> None:
+    """A redelivery of an attempt whose worker died is that attempt failed (HANDLER_PANIC):
+    ``Callbacks`` sends ``on_failure`` for it, as it does for every failed attempt."""
+    from ojs_adapters import JobRecord
+
+    failures: list[str] = []
+    handler = stub_env.actor(lambda message, error: failures.append(error["type"]))
+    actor = stub_env.actor(lambda: None, on_failure=handler.actor_name,
+                           retry_policy={"max_attempts": 1})
+    message = actor.message()
+    running = JobRecord(id=message.message_id, type=message.actor_name, queue=stub_env.queue,
+                        max_attempts=1).started(1)
+    stub_env.ojs.store_for(stub_env.broker).save(message.message_id, running.to_dict())
+    stub_env.start()
+    stub_env.broker.enqueue(message)
+    assert stub_env.wait_record(message.message_id).outcome == "discarded"
+    deadline = time.monotonic() + 5
+    while not failures and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert failures == ["AttemptConsumed"]
