@@ -270,7 +270,7 @@ def test_a_dead_message_dramatiq_cannot_decode_is_listed_and_deletable_not_in_th
         report = dlq.replay([stranger.id])
         assert report.replayed == () and report.skipped == (stranger.id,)
         assert dlq.list(DeadLetterFilter(queue=env.queue)).total == 1
-        assert dlq.delete([stranger.id]) == 1
+        assert dlq.delete([stranger.id]).deleted == (stranger.id,)
         assert dlq.list(DeadLetterFilter(queue=env.queue)).total == 0
     finally:
         dlq.close()
