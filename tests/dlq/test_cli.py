@@ -162,11 +162,12 @@ class _Counted(MemoryDeadLetterStore):
         return super().scan(queue)
 
 
-def _in_memory(monkeypatch: pytest.MonkeyPatch, ids: list[str]) -> _Counted:
+def _in_memory(monkeypatch: pytest.MonkeyPatch, ids: list[str], *, task_type: str = "t",
+               error_type: str = "E") -> _Counted:
     """What the CLI opens, whatever ``--framework`` says: these dead letters, in memory."""
     store = _Counted()
     for job_id in ids:
-        store.add(DeadLetter(id=job_id, queue="q", task_type="t", error_type="E",
+        store.add(DeadLetter(id=job_id, queue="q", task_type=task_type, error_type=error_type,
                              dead_lettered_at=datetime.now(timezone.utc), attempt=1))
     monkeypatch.setattr("ojs_adapters.cli._dlq_cmd.open_dead_letter_queue",
                         lambda *_args, **_kwargs: DeadLetters(store))
@@ -188,6 +189,24 @@ def test_dlq_delete_selects_once_and_names_the_ids_its_report_skipped(
     again = runner.invoke(main, ["dlq", "delete", "job-0", "--framework", "memory"])
     assert again.exit_code == 1 and again.stdout == "deleted 0\n"
     assert "not (or no longer) dead letters here: job-0" in again.stderr
+
+
+def test_dlq_list_piped_takes_its_width_from_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped (no terminal), the table is as wide as ``COLUMNS`` says, wider or narrower than
+    the 120 columns it takes when nothing says."""
+    long = "billing.invoices.monthly." * 6
+    _in_memory(monkeypatch, ["job-" + "0" * 36], task_type=long, error_type=long)
+
+    def widest(columns: str | None) -> int:
+        result = CliRunner().invoke(main, ["dlq", "list", "--framework", "memory"],
+                                    env={"COLUMNS": columns})
+        assert result.exit_code == 0, result.output
+        assert "1 dead letter" in result.stdout
+        return max(len(line) for line in result.stdout.splitlines())
+
+    assert widest(None) == 120
+    assert widest("200") == 200
+    assert widest("90") == 90
 
 
 def test_dlq_reports_bad_connections_without_a_traceback() -> None:
