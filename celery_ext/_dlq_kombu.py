@@ -115,8 +115,8 @@ class KombuDeadLetters:
             mixed = shared(dead, original, templates)
             yield dead, original, {x.key for x in letters if mixed or x.queue == original}
 
-    def remove(self, letters: Sequence[DeadLetter]) -> int:
-        removed = 0
+    def remove(self, letters: Sequence[DeadLetter]) -> list[str]:
+        removed: list[str] = []
         for dead, original, wanted in self._held_where(letters):
             if not wanted:
                 continue
@@ -126,7 +126,7 @@ class KombuDeadLetters:
                     if key in wanted:
                         wanted.discard(key)
                         message.ack()
-                        removed += 1
+                        removed.append(key)
         return removed
 
     def requeue(self, moves: Sequence[tuple[DeadLetter, ReplayMark]]) -> list[str]:

@@ -114,13 +114,14 @@ class RedisDeadLetters:
                    for e in self._envelopes(dead)]
         return [x for x in letters if queue in (None, x.queue)]  # a shared list: each its own
 
-    def remove(self, letters: Sequence[DeadLetter]) -> int:
+    def remove(self, letters: Sequence[DeadLetter]) -> list[str]:
         wanted = {x.key for x in letters}
-        removed = 0
+        removed: list[str] = []
         for dead, original in self._names().items():
             for envelope in self._envelopes(dead):
-                if self._letter(envelope, original).key in wanted:
-                    removed += int(self.client.lrem(envelope.key, 1, envelope.raw))
+                key = self._letter(envelope, original).key
+                if key in wanted and self.client.lrem(envelope.key, 1, envelope.raw):
+                    removed.append(key)
         return removed
 
     def requeue(self, moves: Sequence[tuple[DeadLetter, ReplayMark]]) -> list[str]:

@@ -11,10 +11,8 @@ from importlib.util import find_spec
 
 import click
 
-from conformance.drivers import MEMORY_ALIASES
+from conformance.drivers import url_kind
 
-#: The broker kinds of ``--broker`` by URL scheme.
-_SCHEMES = {"redis": "redis", "rediss": "redis", "amqp": "amqp", "amqps": "amqp"}
 #: Per framework: the modules it imports on each broker kind.
 _MODULES = {
     "celery": {"memory": ("celery",), "redis": ("celery", "redis"), "amqp": ("celery",)},
@@ -27,13 +25,11 @@ _EXTRAS = {"memory": "{}", "redis": "{}-redis", "amqp": "{}-rabbitmq"}
 
 def broker_kind(url: str) -> str:
     """``memory``, ``redis`` or ``amqp``; a ``click.BadParameter`` names the choices."""
-    if url in MEMORY_ALIASES:
-        return "memory"
-    scheme = url.split("://", 1)[0] if "://" in url else ""
-    if scheme not in _SCHEMES:
+    kind = url_kind(url)
+    if kind is None:
         raise click.BadParameter(f"{url!r}: give 'memory', a redis://... or an amqp://... "
                                  "URL", param_hint="'--broker'")
-    return _SCHEMES[scheme]
+    return kind
 
 
 def missing_extra(framework: str, kind: str) -> str | None:

@@ -111,8 +111,8 @@ class RabbitmqDeadLetters:
                             for h in held]
         return letters
 
-    def remove(self, letters: Sequence[DeadLetter]) -> int:
-        removed = 0
+    def remove(self, letters: Sequence[DeadLetter]) -> list[str]:
+        removed: list[str] = []
         for name in sorted({x.queue for x in letters}):
             wanted = {x.key for x in letters if x.queue == name}
             with self._held(name) as (channel, held):
@@ -120,7 +120,7 @@ class RabbitmqDeadLetters:
                     if h.key in wanted:
                         wanted.discard(h.key)
                         channel.basic_ack(h.tag)
-                        removed += 1
+                        removed.append(h.key)
         return removed
 
     def requeue(self, moves: Sequence[tuple[DeadLetter, ReplayMark]]) -> list[str]:

@@ -84,14 +84,16 @@ class RedisDeadLetters:
                                    if message is None else dead_letter_of(message, key=key, at=at))
         return letters
 
-    def remove(self, letters: Sequence[DeadLetter]) -> int:
-        removed = 0
+    def remove(self, letters: Sequence[DeadLetter]) -> list[str]:
+        removed: list[str] = []
         for name, group in _by_queue(letters).items():
-            keys = [x.key for x in group]
+            keys = list(dict.fromkeys(x.key for x in group))
             with self.client.pipeline(transaction=True) as pipe:
-                pipe.zrem(self._key(name, ".XQ"), *keys)
+                for key in keys:  # one ZREM each: its reply says whether that one was there
+                    pipe.zrem(self._key(name, ".XQ"), key)
                 pipe.hdel(self._key(name, ".XQ.msgs"), *keys)
-                removed += int(pipe.execute()[0])
+                replies = pipe.execute()[:-1]  # the ZREMs'; the HDEL's last
+            removed += [key for key, gone in zip(keys, replies, strict=True) if gone]
         return removed
 
     def requeue(self, moves: Sequence[tuple[DeadLetter, ReplayMark]]) -> list[str]:

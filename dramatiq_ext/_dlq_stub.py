@@ -38,14 +38,14 @@ class StubDeadLetters:
                     for name, items in self.broker.dead_letters_by_queue.items()
                     if queue in (None, q_name(name)) for proxy in items]
 
-    def remove(self, letters: Sequence[DeadLetter]) -> int:
+    def remove(self, letters: Sequence[DeadLetter]) -> list[str]:
         keys = {x.key for x in letters}
-        removed = 0
+        removed: list[str] = []
         with _LOCK:
             for items in self.broker.dead_letters_by_queue.values():
-                kept = [p for p in items if str(id(p)) not in keys]
-                removed += len(items) - len(kept)
-                items[:] = kept  # in place: the stub's consumers hold these lists
+                removed += [str(id(p)) for p in items if str(id(p)) in keys]
+                # in place: the stub's consumers hold these lists
+                items[:] = [p for p in items if str(id(p)) not in keys]
         return removed
 
     def requeue(self, moves: Sequence[tuple[DeadLetter, ReplayMark]]) -> list[str]:

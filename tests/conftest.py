@@ -34,3 +34,11 @@ def _celery_worker_state_reset() -> None:
     state = sys.modules.get("celery.worker.state")
     if state is not None and getattr(state, "should_terminate", None) is not None:
         state.should_terminate = None  # type: ignore[attr-defined]
+
+
+@pytest.fixture(autouse=True)
+def _no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start each test with no ``COLUMNS``: ``ojs-retry`` prints to a pipe as wide as it
+    says (120 without it), and the CLI tests read tables at that width whatever the shell
+    running them exported. A test that wants a width passes ``COLUMNS`` itself."""
+    monkeypatch.delenv("COLUMNS", raising=False)

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import json
 from contextlib import suppress
-from typing import Any, Literal
+from typing import Any
 
 from celery import Celery
 
-from conformance.drivers import MEMORY_ALIASES
+from conformance.drivers import SCHEMES, UrlKind, url_kind
 
-#: A broker kind the driver knows.
-Kind = Literal["memory", "redis", "amqp"]
+#: A broker kind the driver knows: the shared reader's.
+Kind = UrlKind
+#: The URL schemes the driver takes: kombu's ``pyamqp://`` too.
+_SCHEMES: dict[str, Kind] = {**SCHEMES, "pyamqp": "amqp"}
 #: Separator kombu's Redis transport puts between a queue's name and a priority level.
 _REDIS_PRIORITY_SEP = "\x06\x16"
 #: Priority levels kombu's Redis transport keeps in lists of their own (default steps).
@@ -29,13 +31,11 @@ _REDIS_PRIORITIES = (3, 6, 9)
 
 def broker_kind(url: str) -> Kind:
     """Which broker a ``--ojs-broker`` URL names; ``ValueError`` for an unknown scheme."""
-    if url in MEMORY_ALIASES:
-        return "memory"
-    if url.startswith(("redis://", "rediss://")):
-        return "redis"
-    if url.startswith(("amqp://", "amqps://", "pyamqp://")):
-        return "amqp"
-    raise ValueError(f"the Celery driver takes memory, redis://... or amqp://..., not {url!r}")
+    kind = url_kind(url, _SCHEMES)
+    if kind is None:
+        raise ValueError(f"the Celery driver takes memory, redis://... or amqp://..., "
+                         f"not {url!r}")
+    return kind
 
 
 def task_ids_in_queue(app: Celery, kind: Kind, queue: str, *, redis_prefix: str) -> set[str]:

@@ -32,7 +32,7 @@ from dramatiq.middleware import (
     TimeLimit,
 )
 
-from conformance.drivers import MEMORY_ALIASES
+from conformance.drivers import UrlKind, url_kind
 from conformance.script import run_script, scripted_jitter
 from dramatiq_ext import OjsRetries, RecordStore, RedisRecordStore
 
@@ -47,6 +47,8 @@ RECORD_REDIS_URL = os.environ.get("OJS_RECORD_REDIS_URL", "redis://127.0.0.1:637
 
 #: A broker kind the driver knows.
 Kind = Literal["stub", "redis", "rabbitmq"]
+#: The driver's name for each kind the shared URL reader (``url_kind``) gives.
+_KINDS: dict[UrlKind, Kind] = {"memory": "stub", "redis": "redis", "amqp": "rabbitmq"}
 
 #: Registry of the one ``TimeLimit`` per process: its checker thread runs until exit.
 TIME_LIMIT_REGISTRY: list[TimeLimit] = []
@@ -54,13 +56,11 @@ TIME_LIMIT_REGISTRY: list[TimeLimit] = []
 
 def broker_kind(url: str) -> Kind:
     """Which broker a ``--ojs-broker`` URL names; ``ValueError`` for an unknown scheme."""
-    if url in MEMORY_ALIASES:
-        return "stub"
-    if url.startswith(("redis://", "rediss://")):
-        return "redis"
-    if url.startswith(("amqp://", "amqps://")):
-        return "rabbitmq"
-    raise ValueError(f"the Dramatiq driver takes memory, redis://... or amqp://..., not {url!r}")
+    kind = url_kind(url)
+    if kind is None:
+        raise ValueError(f"the Dramatiq driver takes memory, redis://... or amqp://..., "
+                         f"not {url!r}")
+    return _KINDS[kind]
 
 
 def pika_url(url: str) -> str:

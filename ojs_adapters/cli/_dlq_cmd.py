@@ -17,7 +17,6 @@ and loaded only when a verb runs.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -270,10 +269,6 @@ def replay(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
         raise click.exceptions.Exit(1)
 
 
-#: A page size that holds any selection (``list`` slices what it found).
-_ALL = sys.maxsize
-
-
 def _letters(count: int) -> str:
     """``1 dead letter``, ``2 dead letters``."""
     return f"{count} dead letter" + ("" if count == 1 else "s")
@@ -292,16 +287,17 @@ def delete(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
     if filters.is_empty:
         raise click.UsageError("give job ids or a filter (purge removes everything)")
     with _opened(framework, app, broker, options, queue) as queue_:
-        # a script must tell a typo from a delete: the ids the selection does not hold
-        chosen = queue_.list(filters, per_page=_ALL).items if job_ids else ()
-        missing = sorted(set(job_ids) - {letter.id for letter in chosen})
-        removed = queue_.delete(filters)
+        report = queue_.delete(filters)
         note = _partial(queue_, queue, app)
     _tell(note)
-    print_json({"deleted": removed}) if as_json else click.echo(f"deleted {removed}")
-    if missing:
-        click.echo(f"not (or no longer) dead letters here: {', '.join(missing)}", err=True)
-    if job_ids and not removed:  # none of the ids named a dead letter here
+    if as_json:
+        print_json({"deleted": list(report.deleted), "skipped": list(report.skipped)})
+    else:
+        click.echo(f"deleted {len(report.deleted)}")
+    if report.skipped:  # a script must tell a typo from a delete: the ids that named nothing
+        click.echo(f"not (or no longer) dead letters here: "
+                   f"{', '.join(sorted(set(report.skipped)))}", err=True)
+    if job_ids and not report.deleted:  # none of the ids named a dead letter here
         raise click.exceptions.Exit(1)
 
 

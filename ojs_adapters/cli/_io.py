@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, ParamSpec, TypeVar
@@ -32,16 +33,20 @@ EXIT_INVALID = 1
 EXIT_UNSUPPORTED = 3
 #: Exit status for a bug in ojs-retry itself (sysexits EX_SOFTWARE).
 EXIT_INTERNAL = 70
+#: Columns of a table printed to a pipe or file when ``COLUMNS`` does not say (rich would
+#: take 80 and fold most tables).
+PIPED_WIDTH = 120
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
 def console() -> Console:
-    """A console on the current stdout (wide when it is not a terminal)."""
+    """A console on the current stdout, as wide as ``COLUMNS`` says (rich reads it), else as
+    the terminal, else (piped or redirected) ``PIPED_WIDTH``."""
     out = Console(highlight=False, soft_wrap=False)
-    if not out.is_terminal:
-        out = Console(highlight=False, soft_wrap=False, width=120)
+    if not out.is_terminal and not os.environ.get("COLUMNS", "").isdigit():  # rich's reading
+        out = Console(highlight=False, soft_wrap=False, width=PIPED_WIDTH)
     return out
 
 

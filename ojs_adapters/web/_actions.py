@@ -96,7 +96,7 @@ async def act_on_letters(request: Request) -> Response:
                 selection = DeadLetterFilter(queue=filters.queue, ids=frozenset(ids))
                 if action == "replay":
                     return "replayed", len(dlq.replay(selection).replayed)
-                return "deleted", dlq.delete(selection)
+                return "deleted", len(dlq.delete(selection).deleted)
             # "all N": exactly the N counted, not one that arrived since the page was shown
             counted = backend.letters(filters, per_page=max(expected, 1))
             if counted.total != expected:
@@ -107,8 +107,8 @@ async def act_on_letters(request: Request) -> Response:
                 return "deleted", 0
             # the operator's filter still applies: another letter of one of these jobs (a
             # task id used twice) that it leaves out stays
-            return "deleted", dlq.delete(replace(filters, ids=frozenset(
-                x.id for x in counted.items)))
+            return "deleted", len(dlq.delete(replace(filters, ids=frozenset(
+                x.id for x in counted.items))).deleted)
 
     notice, count = await run_in_threadpool(act)
     audit(who, _client(request), f"dead-letters.{action}", framework=console.settings.framework,

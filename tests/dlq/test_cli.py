@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 import dramatiq
@@ -14,6 +15,8 @@ from click.testing import CliRunner, Result
 from dramatiq_ext import MemoryRecordStore, OjsRetries
 from ojs_adapters import JobError
 from ojs_adapters.cli import main
+from ojs_adapters.runtime.dlq import DeadLetter, DeadLetters
+from ojs_adapters.runtime.dlq.memory import MemoryDeadLetterStore
 from tests.dlq.scenario import wait_for
 from tests.dlq.test_dramatiq_dlq import POLICY, quiet
 from tests.dramatiq_ext.harness import Env, make_env, pika_url
@@ -147,6 +150,63 @@ def test_dlq_verbs_list_show_replay_delete_prune_purge(setup: Setup) -> None:
     assert setup.json("list")["total"] == 0 and _dead(setup.env) == 0
     assert sorted(setup.done) == sorted(
         int(x["history"][0]["message"].split()[-1]) for x in listed["items"][:2])
+
+
+class _Counted(MemoryDeadLetterStore):
+    """Dead letters in memory that count how often all of them were read (one per selection)."""
+
+    scans = 0
+
+    def scan(self, queue: str | None = None) -> list[DeadLetter]:
+        self.scans += 1
+        return super().scan(queue)
+
+
+def _in_memory(monkeypatch: pytest.MonkeyPatch, ids: list[str], *, task_type: str = "t",
+               error_type: str = "E") -> _Counted:
+    """What the CLI opens, whatever ``--framework`` says: these dead letters, in memory."""
+    store = _Counted()
+    for job_id in ids:
+        store.add(DeadLetter(id=job_id, queue="q", task_type=task_type, error_type=error_type,
+                             dead_lettered_at=datetime.now(timezone.utc), attempt=1))
+    monkeypatch.setattr("ojs_adapters.cli._dlq_cmd.open_dead_letter_queue",
+                        lambda *_args, **_kwargs: DeadLetters(store))
+    return store
+
+
+def test_dlq_delete_selects_once_and_names_the_ids_its_report_skipped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ids that named nothing come from the delete's own report, as replay's do: one
+    selection, not a listing first (which read every queue a second time)."""
+    store = _in_memory(monkeypatch, ["job-0", "job-1", "job-2"])
+    runner = CliRunner()
+    result = runner.invoke(main, ["dlq", "delete", "job-0", "typo", "job-2", "--framework",
+                                  "memory", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"deleted": ["job-0", "job-2"], "skipped": ["typo"]}
+    assert "not (or no longer) dead letters here: typo" in result.stderr
+    assert store.scans == 1
+    again = runner.invoke(main, ["dlq", "delete", "job-0", "--framework", "memory"])
+    assert again.exit_code == 1 and again.stdout == "deleted 0\n"
+    assert "not (or no longer) dead letters here: job-0" in again.stderr
+
+
+def test_dlq_list_piped_takes_its_width_from_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped (no terminal), the table is as wide as ``COLUMNS`` says, wider or narrower than
+    the 120 columns it takes when nothing says."""
+    long = "billing.invoices.monthly." * 6
+    _in_memory(monkeypatch, ["job-" + "0" * 36], task_type=long, error_type=long)
+
+    def widest(columns: str | None) -> int:
+        result = CliRunner().invoke(main, ["dlq", "list", "--framework", "memory"],
+                                    env={"COLUMNS": columns})
+        assert result.exit_code == 0, result.output
+        assert "1 dead letter" in result.stdout
+        return max(len(line) for line in result.stdout.splitlines())
+
+    assert widest(None) == 120
+    assert widest("200") == 200
+    assert widest("90") == 90
 
 
 def test_dlq_reports_bad_connections_without_a_traceback() -> None:

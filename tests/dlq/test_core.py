@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -110,12 +111,40 @@ def test_delete_needs_a_selection_and_purge_takes_all(store: MemoryDeadLetterSto
     dlq = DeadLetters(store)
     with pytest.raises(ValueError):
         dlq.delete(DeadLetterFilter())
-    assert dlq.delete(["job-0", "job-1", "nope"]) == 2
-    assert dlq.delete(DeadLetterFilter(task_type="email")) == 10
-    assert dlq.delete([]) == 0
+    assert int(dlq.delete(["job-0", "job-1", "nope"])) == 2
+    assert int(dlq.delete(DeadLetterFilter(task_type="email"))) == 10
+    assert int(dlq.delete([])) == 0
     assert dlq.purge(DeadLetterFilter(error_type="billing.*")) == 6
     assert dlq.purge(DeadLetterFilter(queue="a")) == 6
     assert dlq.purge() == 6 and dlq.list().total == 0
+
+
+def test_delete_reports_each_dead_letter_it_removed_and_each_id_it_did_not(
+        store: MemoryDeadLetterStore) -> None:
+    """As ``replay`` does: what a caller needs to tell a typo, or a letter gone meanwhile,
+    from a delete without listing the selection first."""
+    store.add(replace(letter(4), key="job-4:again"))  # job-4 dead-lettered twice
+
+    class Racing(MemoryDeadLetterStore):
+        """Lists job-1, which is gone (replayed by someone else) before it is removed."""
+
+        def scan(self, queue: str | None = None) -> list[DeadLetter]:
+            found = super().scan(queue)
+            self.letters = [x for x in self.letters if x.id != "job-1"]
+            return found
+
+    dlq = DeadLetters(store)
+    report = dlq.delete(["job-0", "job-4", "nope"])
+    assert report.deleted == ("job-0", "job-4", "job-4") and report.skipped == ("nope",)
+    assert int(report) == 3  # the count delete returned before it reported ids
+    assert dlq.delete(DeadLetterFilter(task_type="email", queue="a")).deleted == tuple(
+        f"job-{n}" for n in range(21, 30, 2))
+    assert dlq.delete(["job-0"]) == ((), ("job-0",))  # no longer a dead letter
+    racing = Racing()
+    racing.add(letter(1))
+    racing.add(letter(2))
+    raced = DeadLetters(racing).delete(["job-1", "job-2"])
+    assert raced.deleted == ("job-2",) and raced.skipped == ("job-1",)
 
 
 def test_retention_defaults_are_180_days_and_10000_per_queue() -> None:

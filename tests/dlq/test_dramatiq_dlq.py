@@ -18,9 +18,9 @@ from dramatiq_ext._console import DramatiqConsole
 from dramatiq_ext._handoff import TOKEN_OPTION
 from dramatiq_ext._state import MessageState
 from dramatiq_ext.dlq import JobRecords, dead_letter_queue
-from ojs_adapters import JobError
+from ojs_adapters import JobError, JobRecord
 from ojs_adapters.runtime.dlq import DeadLetterFilter, DeadLetters
-from ojs_adapters.runtime.handoff import HEADER_NAMES
+from ojs_adapters.runtime.handoff import HANDED_OFF, HEADER_NAMES
 from tests.dlq.scenario import Harness, run_batch_scenario, wait_for
 from tests.dramatiq_ext.harness import Env, make_env
 
@@ -240,6 +240,55 @@ def test_replay_drops_the_last_runs_handoff_options(seen_env: Env) -> None:
 
 
 @pytest.mark.broker
+def test_a_replayed_jobs_record_starts_a_new_round_as_celery_s_does(seen_env: Env) -> None:
+    """After a replay, the job record keeps the history, idempotency key and replay count,
+    and no longer shows what the dead round left beside ``dead_lettered: false``: the dead
+    letter's ``handed_off`` mark, the old round's retry delays (``countdowns``, ``delays_ms``:
+    empty, as a replayed Celery attempt's record built from fresh headers has them) and its
+    end reason. So it reads from the replay on, and after the replayed run."""
+    env, healed = seen_env, threading.Event()
+
+    def job(n: int) -> None:
+        if not healed.is_set():
+            raise JobError("net.Timeout", f"job {n}")
+
+    actor = env.actor(job, retry_policy={"max_attempts": 2, "initial_interval": "PT0.1S",
+                                         "jitter": False, "on_exhaustion": "dead_letter"})
+    env.start()
+    sent = actor.send_with_options(args=(7,), idempotency_key="order-7")
+    dead = env.wait_record(sent.message_id, done=lambda r: r.extra.get(HANDED_OFF) is not None
+                           and r.dead_lettered)
+    assert dead.extra["countdowns"] == [0.1] and dead.extra["end_reason"] == "exhausted"
+    for worker in env.workers:  # the replayed job waits: the replay's own record is read
+        worker.stop(timeout=5000)
+    env.workers.clear()
+
+    def new_round(record: JobRecord) -> None:
+        assert not record.dead_lettered and record.extra["replay_count"] == 1, record
+        assert [e.attempt for e in record.errors] == [1, 2]  # the history is kept
+        assert record.extra["idempotency_key"] == "order-7"
+        stale = {HANDED_OFF, "end_reason"} & set(record.extra)
+        assert not stale, f"the dead round's {stale} kept: {record.extra}"
+        assert (record.extra["countdowns"], record.extra["delays_ms"]) == ([], []), record.extra
+
+    dlq = dead_letter_queue(env.broker)
+    try:
+        wait_for(lambda: dlq.list(DeadLetterFilter(queue=env.queue)).total == 1,
+                 "the dead letter")
+        assert dlq.replay([sent.message_id]).replayed == (sent.message_id,)
+    finally:
+        dlq.close()
+    stamped = env.record(sent.message_id)
+    assert stamped is not None and (stamped.state, stamped.attempt) == ("retryable", 0)
+    new_round(stamped)
+    healed.set()
+    env.start()
+    done = env.wait_record(sent.message_id, done=lambda r: r.state == "completed")
+    assert (done.attempt, done.outcome) == (1, "completed")
+    new_round(done)
+
+
+@pytest.mark.broker
 def test_a_dead_message_dramatiq_cannot_decode_is_listed_and_deletable_not_in_the_way(
         seen_env: Env) -> None:
     """Another producer's bytes in ``.XQ`` (Dramatiq's consumer rejects them there) list as
@@ -270,7 +319,7 @@ def test_a_dead_message_dramatiq_cannot_decode_is_listed_and_deletable_not_in_th
         report = dlq.replay([stranger.id])
         assert report.replayed == () and report.skipped == (stranger.id,)
         assert dlq.list(DeadLetterFilter(queue=env.queue)).total == 1
-        assert dlq.delete([stranger.id]) == 1
+        assert dlq.delete([stranger.id]).deleted == (stranger.id,)
         assert dlq.list(DeadLetterFilter(queue=env.queue)).total == 0
     finally:
         dlq.close()

@@ -49,6 +49,7 @@ from ojs_adapters.runtime.dlq._queue import (
     DeadLetterQueue,
     DeadLetters,
     DeadLetterStore,
+    DeleteReport,
     ReplayReport,
     Selection,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "DeadLetterQueue",
     "DeadLetterStore",
     "DeadLetters",
+    "DeleteReport",
     "Opener",
     "Page",
     "QueueListing",

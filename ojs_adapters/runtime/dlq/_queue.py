@@ -24,6 +24,7 @@ record overwritten): a replay stopped in that window leaves a record saying
 from __future__ import annotations
 
 import builtins
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import NamedTuple, Protocol, TypeAlias
@@ -48,6 +49,22 @@ class ReplayReport(NamedTuple):
     skipped: tuple[str, ...]
 
 
+class DeleteReport(NamedTuple):
+    """Ids of the dead letters removed (one per dead message); ids asked for but not (or no
+    longer) dead letters. ``int(report)`` is how many were removed (what ``delete`` returned
+    before it reported ids); ``len(report)`` is a tuple's, 2.
+
+    >>> int(DeleteReport(("a", "b"), ("typo",)))
+    2
+    """
+
+    deleted: tuple[str, ...]
+    skipped: tuple[str, ...]
+
+    def __int__(self) -> int:
+        return len(self.deleted)
+
+
 class DeadLetterStore(Protocol):
     """What an adapter implements over one broker's dead-letter queues."""
 
@@ -63,8 +80,9 @@ class DeadLetterStore(Protocol):
     def scan(self, queue: str | None = None) -> list[DeadLetter]:
         """Every dead letter of ``queue`` (of every queue for ``None``)."""
 
-    def remove(self, letters: Sequence[DeadLetter]) -> int:
-        """Remove exactly these dead messages (by ``key``); how many were still there."""
+    def remove(self, letters: Sequence[DeadLetter]) -> list[str]:
+        """Remove exactly these dead messages (by ``key``); the keys of those that were still
+        there, one per message removed."""
 
     def requeue(self, moves: Sequence[tuple[DeadLetter, ReplayMark]]) -> list[str]:
         """Move each dead message back to its queue as a fresh attempt 1 carrying its mark.
@@ -93,7 +111,7 @@ class DeadLetterQueue(Protocol):
 
     def replay(self, selection: Selection, *, limit: int | None = None) -> ReplayReport: ...
 
-    def delete(self, selection: Selection) -> int: ...
+    def delete(self, selection: Selection) -> DeleteReport: ...
 
     def purge(self, filters: DeadLetterFilter | None = None) -> int: ...
 
@@ -161,12 +179,24 @@ class DeadLetters:
         return ReplayReport(tuple(replayed),
                             (*(x.id for x in chosen if x.id not in done), *missing))
 
-    def delete(self, selection: Selection) -> int:
-        """Remove the selected dead letters; refuses an empty filter (use ``purge``)."""
+    def delete(self, selection: Selection) -> DeleteReport:
+        """Remove the selected dead letters, reporting each by id as ``replay`` does;
+        refuses an empty filter (use ``purge``)."""
         filters = _as_filter(selection)
         if filters.is_empty:
             raise ValueError("delete needs ids or a filter; purge() removes everything")
-        return self.store.remove(self._select(filters))
+        chosen = self._select(filters)
+        left = Counter(self.store.remove(chosen))  # keys: exact where a job died twice
+        deleted: builtins.list[str] = []
+        gone: builtins.list[str] = []  # removed meanwhile (replayed, pruned)
+        for letter in chosen:
+            if left[letter.key]:
+                left[letter.key] -= 1
+                deleted.append(letter.id)
+            else:
+                gone.append(letter.id)
+        missing = sorted((filters.ids or set()) - {x.id for x in chosen})
+        return DeleteReport(tuple(deleted), (*gone, *missing))
 
     def purge(self, filters: DeadLetterFilter | None = None) -> int:
         """Remove every dead letter matching ``filters`` (all of them for ``None``)."""
@@ -174,7 +204,7 @@ class DeadLetters:
         if filters.is_empty or filters == DeadLetterFilter(queue=filters.queue):
             names = [filters.queue] if filters.queue else self.store.queues()
             return sum(self.store.clear(name) for name in names)
-        return self.store.remove(self._select(filters))
+        return len(self.store.remove(self._select(filters)))
 
     def prune(self, retention: Retention = DEFAULT_RETENTION, *, queue: str | None = None,
               now: datetime | None = None) -> int:
@@ -183,7 +213,7 @@ class DeadLetters:
         Returns how many dead letters were removed.
         """
         victims = expired(self.store.scan(queue), retention, now=now)
-        return self.store.remove(victims) if victims else 0
+        return len(self.store.remove(victims)) if victims else 0
 
     def close(self) -> None:
         self.store.close()

@@ -48,12 +48,12 @@ class MemoryDeadLetterStore:
         with self._lock:
             return [x for x in self.letters if queue is None or x.queue == queue]
 
-    def remove(self, letters: Sequence[DeadLetter]) -> int:
+    def remove(self, letters: Sequence[DeadLetter]) -> list[str]:
         keys = {x.key for x in letters}
         with self._lock:
-            before = len(self.letters)
+            removed = [x.key for x in self.letters if x.key in keys]
             self.letters = [x for x in self.letters if x.key not in keys]
-            return before - len(self.letters)
+            return removed
 
     def requeue(self, moves: Sequence[tuple[DeadLetter, ReplayMark]]) -> list[str]:
         moved: list[str] = []
