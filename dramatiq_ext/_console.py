@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from fnmatch import fnmatchcase
@@ -25,7 +26,6 @@ from dramatiq.common import xq_name
 from dramatiq.message import Message
 
 from dramatiq_ext._dlq_common import decoded, undecodable_letter
-from dramatiq_ext._dlq_rabbitmq import RabbitmqDeadLetters
 from dramatiq_ext._dlq_redis import RedisDeadLetters
 from dramatiq_ext._options import KEY_OPTION
 from dramatiq_ext._state import STATE_OPTION
@@ -41,6 +41,13 @@ from ojs_adapters.runtime.stats import StatsReader
 CHUNK = 500
 
 
+def _is_rabbitmq(store: object) -> bool:
+    """Whether ``store`` is the RabbitMQ dead-letter store, looked up rather than imported:
+    its module needs pika, which a Redis setup's extras do not install."""
+    module = sys.modules.get("dramatiq_ext._dlq_rabbitmq")
+    return module is not None and isinstance(store, module.RabbitmqDeadLetters)
+
+
 class DramatiqConsole:
     """``ConsoleBackend`` of a Dramatiq broker (see the module docstring)."""
 
@@ -52,7 +59,7 @@ class DramatiqConsole:
         self.broker: Any = store.broker
         self.records: Any = store.records.store
         self._redis = store if isinstance(store, RedisDeadLetters) else None
-        self._amqp = store if isinstance(store, RabbitmqDeadLetters) else None
+        self._amqp = store if _is_rabbitmq(store) else None
 
     def retry_view(self, stats: StatsReader | None) -> DramatiqRetryView:
         ojs = next((m for m in self.broker.middleware if isinstance(m, OjsRetries)), None)

@@ -85,8 +85,9 @@ def notify_dead_letter(event: DeadLetterEvent) -> None:
 class DeadLetterDepth:
     """Collector of ``ojs_dead_letter_depth{framework,queue}``, read at scrape time.
 
-    ``depths`` returns ``{original queue: dead letters}``; an error while reading is
-    logged and yields no sample (a gap in the series, which an alert can watch too).
+    ``depths`` returns ``{original queue: dead letters}``. An error while reading is
+    logged, yields no depth sample, and sets ``ojs_dead_letter_depth_error{framework}``
+    to 1 (0 when the read worked), so an alert can tell "no dead letters" from "not read".
 
     >>> from prometheus_client import CollectorRegistry, generate_latest
     >>> registry = CollectorRegistry()
@@ -105,14 +106,19 @@ class DeadLetterDepth:
         gauge = GaugeMetricFamily("ojs_dead_letter_depth",
                                   "Dead letters waiting in each queue's dead-letter queue",
                                   labels=["framework", "queue"])
+        error = GaugeMetricFamily("ojs_dead_letter_depth_error",
+                                  "1 if the last read of the dead-letter depths failed",
+                                  labels=["framework"])
         try:
             found = dict(self.depths())
         except Exception:
             _log.exception("cannot read the dead-letter depths")
-            found = {}
-        for queue, depth in sorted(found.items()):
+            found = None
+        for queue, depth in sorted((found or {}).items()):
             gauge.add_metric([self.framework, queue], depth)
+        error.add_metric([self.framework], 0 if found is not None else 1)
         yield gauge
+        yield error
 
     def describe(self) -> Iterator[Any]:
         """No fixed description: the registry collects lazily, at scrape time."""

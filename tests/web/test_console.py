@@ -244,6 +244,19 @@ def test_mounts_under_a_prefix_in_asgi_and_wsgi_hosts(backend: FakeBackend) -> N
 def test_metrics_give_the_dead_letter_depth_per_queue(backend: FakeBackend) -> None:
     text = client_for(backend).get("/metrics").text
     assert 'ojs_dead_letter_depth{framework="celery",queue="q"} 1.0' in text
+    assert 'ojs_dead_letter_depth_error{framework="celery"} 0.0' in text
+
+
+def test_metrics_say_when_the_depths_could_not_be_read(backend: FakeBackend,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """No depth sample alone reads as "no dead letters"; the error gauge tells them apart."""
+    def unreadable() -> dict[str, int]:
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(backend, "depths", unreadable)
+    text = client_for(backend).get("/metrics").text
+    assert "ojs_dead_letter_depth{" not in text
+    assert 'ojs_dead_letter_depth_error{framework="celery"} 1.0' in text
 
 
 @pytest.fixture
