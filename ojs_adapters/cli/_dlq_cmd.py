@@ -32,6 +32,7 @@ from ojs_adapters.history import utc_now
 from ojs_adapters.runtime.dlq import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_COUNT,
+    DeadLetter,
     DeadLetterFilter,
     DeadLetterQueue,
     Retention,
@@ -198,14 +199,21 @@ def list_(framework: str, app: str | None, broker: str | None, options: tuple[st
         _tell(note)
         return
     table = Table(title=f"page {found.number}/{found.pages}, {_letters(found.total)}")
-    for name in ("id", "queue", "task type", "error", "attempt", "replays", "dead-lettered at"):
-        whole = name in ("id", "dead-lettered at")  # folded, a name stays whole to read
+    # The id and the time stay whole; the names fold, and get the width the rest leaves.
+    for name in ("id", "queue", "task type", "error", "attempt", "dead-lettered (UTC)"):
+        whole = name in ("id", "dead-lettered (UTC)")
         table.add_column(name, no_wrap=whole, overflow="ellipsis" if whole else "fold")
     for x in found.items:
-        table.add_row(x.id, x.queue, x.task_type, x.error_type or "-", str(x.attempt),
-                      str(x.replay_count), x.to_dict(payload=False)["dead_lettered_at"])
+        table.add_row(x.id, x.queue, x.task_type, x.error_type or "-", _attempt(x),
+                      f"{x.dead_lettered_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}")
     console().print(table)
     _tell(note)
+
+
+def _attempt(letter: DeadLetter) -> str:
+    """The attempt it died at, and how often it was replayed before (if it was)."""
+    replays = letter.replay_count
+    return str(letter.attempt) if not replays else f"{letter.attempt}, replayed {replays}x"
 
 
 @dlq.command()

@@ -265,3 +265,18 @@ def test_cli_json_shows_values_json_has_no_type_for_as_text(
     print_json({"args": [datetime(2026, 11, 27, tzinfo=timezone.utc), UUID(int=1)]})
     assert json.loads(capsys.readouterr().out) == {
         "args": ["2026-11-27 00:00:00+00:00", "00000000-0000-0000-0000-000000000001"]}
+
+
+def test_dlq_list_keeps_typical_names_whole_at_the_piped_width(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 120 columns a uuid id, a task name and a dotted error type each read on one line
+    (the names folded mid-word when seven columns shared what the id and time left)."""
+    _in_memory(monkeypatch, ["3f2b8c1e-9a7d-4c2e-8f1a-2b3c4d5e6f70"], task_type="app.refund",
+               error_type="builtins.RuntimeError")
+    result = CliRunner().invoke(main, ["dlq", "list", "--framework", "memory"])
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if "3f2b8c1e" in line)
+    for text in ("3f2b8c1e-9a7d-4c2e-8f1a-2b3c4d5e6f70", "app.refund",
+                 "builtins.RuntimeError"):
+        assert text in row, result.stdout
+    assert datetime.now(timezone.utc).strftime("%Y-%m-%d ") in row  # seconds, UTC
