@@ -26,7 +26,7 @@ from pika.exceptions import ChannelClosedByBroker
 
 from celery_ext.dlq import JobRecords
 from dramatiq_ext import OjsRetries, get_job_record
-from ojs_adapters import JobError
+from ojs_adapters import JobError, OjsValidationError
 from ojs_adapters.cli import main
 from ojs_adapters.runtime.dlq import DeadLetter, ReplayMark
 from tests.dlq.scenario import wait_for
@@ -238,9 +238,36 @@ def test_celery_by_broker_url_alone_refuses_to_replay_without_the_records() -> N
     app = Celery("bare", broker="memory://", set_as_current=False)
     letter = DeadLetter(id="j1", queue="celery", task_type="t", error_type="E",
                         dead_lettered_at=datetime.now(timezone.utc), attempt=1)
-    with pytest.raises(RuntimeError, match="--option backend=URL"):
+    with pytest.raises(OjsValidationError, match="--option backend=URL") as caught:
         JobRecords(app, reachable=False).mark(
             letter, ReplayMark.next_for(letter, now=datetime.now(timezone.utc)))
+    assert caught.value.code == "INVALID_ARGS" and caught.value.details["field"] == "app"
+
+
+def test_dramatiq_without_the_workers_records_refuses_to_replay() -> None:
+    from dramatiq.brokers.stub import StubBroker
+
+    from dramatiq_ext.dlq import JobRecords as DramatiqRecords
+
+    records = DramatiqRecords(StubBroker())
+    records.reachable = False  # as for a RabbitMQ URL without Results
+    letter = DeadLetter(id="j1", queue="q", task_type="t", error_type="E",
+                        dead_lettered_at=datetime.now(timezone.utc), attempt=1)
+    with pytest.raises(OjsValidationError, match="--option records=REDIS_URL") as caught:
+        records.mark(letter, ReplayMark.next_for(letter, now=datetime.now(timezone.utc)))
+    assert caught.value.code == "INVALID_ARGS" and caught.value.details["field"] == "app"
+
+
+def test_cli_replay_without_the_records_says_so_in_plain_words() -> None:
+    """``dlq replay ID --broker URL`` (no --app): the message, not ``RuntimeError: ...``."""
+    sender = Celery("bare-sender", broker="memory://", set_as_current=False)
+    queue = f"ojs_plain_{uuid.uuid4().hex[:8]}"
+    sent = sender.send_task("t.job", (1,), queue=f"{queue}.dead_letter")
+    result = CliRunner().invoke(main, ["dlq", "replay", sent.id, "--queue", queue,
+                                       "--framework", "celery", "--broker", "memory://"])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: replay needs the workers' job records: pass --app")
+    assert "RuntimeError" not in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.broker
