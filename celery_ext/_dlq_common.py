@@ -27,7 +27,7 @@ from celery_ext._routing import (
     dead_letter_queue_name,
 )
 from celery_ext.records import RecordStore
-from ojs_adapters import JobRecord
+from ojs_adapters import JobRecord, OjsValidationError
 from ojs_adapters.runtime.dlq import (
     REPLAY_HEADER,
     DeadLetter,
@@ -161,9 +161,11 @@ class JobRecords:
     def mark(self, letter: DeadLetter, mark: ReplayMark) -> None:
         """Reset the record for a replay (before the move: see the module docstring)."""
         if not self.reachable:
-            raise RuntimeError(
+            raise OjsValidationError(
                 "replay needs the workers' job records: pass --app module[:app] (the "
-                "workers' app), or --option backend=URL (their result backend)")
+                "workers' app), or --option backend=URL (their result backend)",
+                code="INVALID_ARGS",
+                details={"field": "app", "rule": "the workers' job records are reachable"})
         record = self.store.load(letter.id) or JobRecord(
             id=letter.id, type=letter.task_type, queue=letter.queue, max_attempts=letter.attempt,
             attempt=letter.attempt, errors=letter.history)

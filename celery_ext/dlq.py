@@ -41,7 +41,7 @@ from celery_ext._dlq_common import (
 )
 from celery_ext._dlq_kombu import KombuDeadLetters
 from celery_ext._dlq_redis import RedisDeadLetters
-from ojs_adapters.runtime.dlq import REPLAY_HEADER, DeadLetters, replay_info
+from ojs_adapters.runtime.dlq import REPLAY_HEADER, DeadLetters, named_module_hint, replay_info
 
 # The helpers the broker stores share live in ``_dlq_common`` (the header and its
 # reader in ``ojs_adapters.runtime.dlq``); kept importable from here.
@@ -116,8 +116,8 @@ def _app_named(app: str) -> Any:
     from celery.app.utils import find_app
     from celery.utils.imports import cwd_in_path
 
-    with cwd_in_path():
-        module, _, attribute = app.partition(":")
+    module, _, attribute = app.partition(":")
+    with cwd_in_path(), named_module_hint(module):
         if attribute and module:  # Celery says "No module named 'app:nope'" for a bad name
             name = attribute.split(".", 1)[0]
             if not hasattr(importlib.import_module(module), name):

@@ -19,7 +19,7 @@ from dramatiq_ext._handoff import TOKEN_OPTION
 from dramatiq_ext._state import STATE_OPTION, MessageState
 from dramatiq_ext.middleware import OjsRetries
 from dramatiq_ext.stores import MemoryRecordStore, RecordStore, default_store
-from ojs_adapters import JobRecord
+from ojs_adapters import JobRecord, OjsValidationError
 from ojs_adapters.runtime.dlq import DeadLetter, ReplayMark, last_error, replayed_record
 from ojs_adapters.runtime.handoff import HANDED_OFF, HEADER_NAMES
 
@@ -105,10 +105,12 @@ class JobRecords:
     def mark(self, letter: DeadLetter, mark: ReplayMark) -> None:
         """Record that ``letter`` is being replayed (before it moves: see ``runtime.dlq``)."""
         if not self.reachable:
-            raise RuntimeError(
+            raise OjsValidationError(
                 "replay needs the workers' job records: open the dead letters with "
                 "--app module:broker (the workers' broker), or --option records=REDIS_URL "
-                "[--option records_prefix=P] for a RedisRecordStore")
+                "[--option records_prefix=P] for a RedisRecordStore",
+                code="INVALID_ARGS",
+                details={"field": "app", "rule": "the workers' job records are reachable"})
         data = self.store.load(letter.id)
         record = JobRecord.from_dict(data) if data else JobRecord(
             id=letter.id, type=letter.task_type, queue=letter.queue,

@@ -27,7 +27,7 @@ from rich.table import Table
 
 from ojs_adapters.cli._io import console, print_json
 from ojs_adapters.durations import format_duration, parse_duration
-from ojs_adapters.errors import OjsValidationError
+from ojs_adapters.errors import OjsError, OjsValidationError
 from ojs_adapters.history import utc_now
 from ojs_adapters.runtime.dlq import (
     DEFAULT_MAX_AGE,
@@ -119,7 +119,7 @@ def _reports_errors(command: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return command(*args, **kwargs)
-        except (OjsValidationError, ValueError) as exc:
+        except (OjsError, ValueError) as exc:  # bad input: its message alone
             raise click.ClickException(str(exc)) from None
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise

@@ -7,17 +7,23 @@ extra pays nothing. The names are the same from both frameworks:
 non_retryable, exhausted), the ``ojs_retry_backoff_seconds`` histogram, and the
 ``ojs_retry_budget_utilization_ratio{dependency}`` gauge (retries in the window over
 those the budget allows, read from every ``RetryBudgets`` at scrape time; R-7).
+``serve_metrics(port)`` serves them, summed over forked worker processes when
+prometheus-client's multiprocess mode is on (``PROMETHEUS_MULTIPROC_DIR``).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterator
 from typing import Any
 
-from ojs_adapters.errors import OjsResourceError
+from ojs_adapters.errors import OjsResourceError, OjsValidationError
 from ojs_adapters.runtime import events
 from ojs_adapters.runtime.budget import BUDGETS_REGISTRY
+
+#: prometheus-client's switch to multiprocess mode: a directory of one file per process.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 #: Histogram buckets for backoff delays, in seconds.
 BACKOFF_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 86400)
@@ -78,13 +84,52 @@ class BudgetCollector:
         return iter(())
 
 
-def enable_metrics(registry: Any = None) -> PrometheusMetrics:
-    """Install a ``PrometheusMetrics`` hook; a clear error if prometheus-client is missing."""
+def _require_client() -> None:
     if importlib.util.find_spec("prometheus_client") is None:
         raise OjsResourceError(
             "metrics need prometheus-client: pip install 'ojs-adapters[metrics]'",
             code="UNSUPPORTED_FEATURE", details={"extra": "metrics"},
         )
+
+
+def enable_metrics(registry: Any = None) -> PrometheusMetrics:
+    """Install a ``PrometheusMetrics`` hook; a clear error if prometheus-client is missing."""
+    _require_client()
     hook = PrometheusMetrics(registry)
     events.add_hook(hook)
     return hook
+
+
+def serve_metrics(port: int, addr: str = "0.0.0.0") -> tuple[Any, Any]:
+    """Serve ``/metrics`` on ``port`` with prometheus-client's ``start_http_server``.
+
+    With ``PROMETHEUS_MULTIPROC_DIR`` set (forked workers: Celery's prefork pool), the
+    sum of every process's files, read by prometheus-client's ``MultiProcessCollector``;
+    else this process's default registry. Call it once, in the process that stays up
+    (Celery: on ``worker_init``). Returns prometheus-client's ``(server, thread)``.
+
+    >>> serve_metrics(9718)  # doctest: +SKIP
+    """
+    _require_client()
+    from prometheus_client import CollectorRegistry, start_http_server, values
+
+    directory = os.environ.get(MULTIPROC_ENV)
+    if not directory:
+        return start_http_server(port, addr)
+    details = {"field": MULTIPROC_ENV, "value": directory}
+    if not os.path.isdir(directory):
+        raise OjsValidationError(f"{MULTIPROC_ENV}={directory} is not a directory: create it "
+                                 "(empty) before the workers start", code="INVALID_ARGS",
+                                 details={**details, "rule": "an existing directory"})
+    if values.ValueClass is values.MutexValue:
+        # prometheus-client chooses where values live once, when it is first imported.
+        raise OjsValidationError(
+            f"{MULTIPROC_ENV} was set after prometheus_client was imported, so this "
+            "process's metrics stay in memory and no other process's are summed: set it "
+            "in the environment before the workers start", code="INVALID_ARGS",
+            details={**details, "rule": "set before prometheus_client is imported"})
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return start_http_server(port, addr, registry=registry)

@@ -26,7 +26,7 @@ from pika.exceptions import ChannelClosedByBroker
 
 from celery_ext.dlq import JobRecords
 from dramatiq_ext import OjsRetries, get_job_record
-from ojs_adapters import JobError
+from ojs_adapters import JobError, OjsValidationError
 from ojs_adapters.cli import main
 from ojs_adapters.runtime.dlq import DeadLetter, ReplayMark
 from tests.dlq.scenario import wait_for
@@ -233,14 +233,77 @@ def test_app_is_imported_from_its_own_folder_like_celery_a(tmp_path: Path, amqp_
     assert bad.returncode == 1 and "module 'app' has no attribute 'nope'" in bad.stderr
 
 
+def test_app_from_the_wrong_folder_says_where_to_run_from(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--app app`` run elsewhere than app.py's folder: Python's message and where to run it.
+    Only for the module --app names: a module the app imports keeps Python's message."""
+    token = uuid.uuid4().hex[:8]
+    app, deps = f"app_{token}", f"deps_{token}"
+    (tmp_path / f"{app}.py").write_text(
+        "from celery import Celery\n"
+        f"app = Celery('{app}', broker='memory://', set_as_current=False)\n")
+    (tmp_path / f"{deps}.py").write_text(f"import missing_dep_{token}\n")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+
+    def listed(framework: str, spec: str) -> Result:
+        return CliRunner().invoke(main, ["dlq", "list", "--framework", framework, "--app", spec])
+
+    for framework, spec in (("celery", app), ("celery", f"{app}:app"), ("dramatiq", app),
+                            ("dramatiq", f"{app}:broker")):
+        result = listed(framework, spec)
+        assert result.exit_code == 1, result.output
+        assert f"Error: No module named '{app}': run it from the folder that holds {app}.py, " \
+               "or put that folder on PYTHONPATH" in result.output, (framework, spec)
+    for framework in ("celery", "dramatiq"):
+        result = listed(framework, f"pkg_{token}.tasks:app")
+        assert f"No module named 'pkg_{token}': run it from the folder that holds " \
+               f"pkg_{token}/, or put" in result.output
+    monkeypatch.chdir(tmp_path)  # the right folder: what is missing is not the app
+    for framework in ("celery", "dramatiq"):
+        result = listed(framework, f"{deps}:app")
+        assert f"No module named 'missing_dep_{token}'" in result.output
+        assert "run it from" not in result.output
+        result = listed(framework, f"{app}.sub:app")
+        assert f"No module named '{app}.sub'" in result.output
+        assert "run it from" not in result.output
+
+
 def test_celery_by_broker_url_alone_refuses_to_replay_without_the_records() -> None:
     """A bare app's result backend is not the workers': a replay would be dropped as a duplicate."""
     app = Celery("bare", broker="memory://", set_as_current=False)
     letter = DeadLetter(id="j1", queue="celery", task_type="t", error_type="E",
                         dead_lettered_at=datetime.now(timezone.utc), attempt=1)
-    with pytest.raises(RuntimeError, match="--option backend=URL"):
+    with pytest.raises(OjsValidationError, match="--option backend=URL") as caught:
         JobRecords(app, reachable=False).mark(
             letter, ReplayMark.next_for(letter, now=datetime.now(timezone.utc)))
+    assert caught.value.code == "INVALID_ARGS" and caught.value.details["field"] == "app"
+
+
+def test_dramatiq_without_the_workers_records_refuses_to_replay() -> None:
+    from dramatiq.brokers.stub import StubBroker
+
+    from dramatiq_ext.dlq import JobRecords as DramatiqRecords
+
+    records = DramatiqRecords(StubBroker())
+    records.reachable = False  # as for a RabbitMQ URL without Results
+    letter = DeadLetter(id="j1", queue="q", task_type="t", error_type="E",
+                        dead_lettered_at=datetime.now(timezone.utc), attempt=1)
+    with pytest.raises(OjsValidationError, match="--option records=REDIS_URL") as caught:
+        records.mark(letter, ReplayMark.next_for(letter, now=datetime.now(timezone.utc)))
+    assert caught.value.code == "INVALID_ARGS" and caught.value.details["field"] == "app"
+
+
+def test_cli_replay_without_the_records_says_so_in_plain_words() -> None:
+    """``dlq replay ID --broker URL`` (no --app): the message, not ``RuntimeError: ...``."""
+    sender = Celery("bare-sender", broker="memory://", set_as_current=False)
+    queue = f"ojs_plain_{uuid.uuid4().hex[:8]}"
+    sent = sender.send_task("t.job", (1,), queue=f"{queue}.dead_letter")
+    result = CliRunner().invoke(main, ["dlq", "replay", sent.id, "--queue", queue,
+                                       "--framework", "celery", "--broker", "memory://"])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: replay needs the workers' job records: pass --app")
+    assert "RuntimeError" not in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.broker

@@ -58,6 +58,7 @@ from ojs_adapters.runtime.dlq._registry import (
     Opener,
     frameworks,
     load_object,
+    named_module_hint,
     open_dead_letter_queue,
 )
 from ojs_adapters.runtime.dlq._retention import (
@@ -100,6 +101,7 @@ __all__ = [
     "list_queues",
     "load_object",
     "management_url",
+    "named_module_hint",
     "open_dead_letter_queue",
     "originals",
     "prune_hook",

@@ -76,11 +76,35 @@ def load_object(spec: str) -> Any:
     module_name, _, attribute = spec.partition(":")
     if not module_name:
         raise ValueError(f"{spec!r} is not 'module' or 'module:attribute'")
-    with cwd_on_path():
+    with cwd_on_path(), named_module_hint(module_name):
         found: Any = importlib.import_module(module_name)
     for part in filter(None, attribute.split(".")):
         found = getattr(found, part)
     return found
+
+
+@contextmanager
+def named_module_hint(module: str) -> Iterator[None]:
+    """Say where to run from when importing ``module`` (an ``--app``) finds no such module.
+
+    Only when what is missing is ``module`` itself, or the top package of a dotted one
+    (not on ``sys.path``: the wrong folder). A missing submodule of a package that was
+    found, or a module the app imports, keeps Python's message.
+
+    >>> with named_module_hint("nosuchapp"):  # doctest: +ELLIPSIS
+    ...     importlib.import_module("nosuchapp")
+    Traceback (most recent call last):
+    ModuleNotFoundError: No module named 'nosuchapp': run it from the folder that holds ...
+    """
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        top = module.partition(".")[0]
+        if not top or exc.name != top:
+            raise
+        where = f"{top}.py" if top == module else f"{top}/"
+        raise ModuleNotFoundError(f"{exc}: run it from the folder that holds {where}, or put "
+                                  "that folder on PYTHONPATH", name=top) from exc
 
 
 @contextmanager
