@@ -9,10 +9,10 @@ there is no policy or the translation is ``lossy``.
 
 >>> from ojs_adapters.migrate import from_sidekiq
 >>> m = from_sidekiq({"retry": 5, "dead": False}, version="8.1")
->>> m.policy.max_attempts, m.policy.on_exhaustion, m.policy.backoff_coefficient
-(6, 'discard', 4.0)
->>> m.ok, round(m.fidelity.window_ratio, 2)
-(True, 1.0)
+>>> m.policy.max_attempts, m.policy.on_exhaustion, m.policy.backoff_strategy
+(6, 'discard', 'exponential')
+>>> m.ok, round(m.fidelity.rows[0].new.mean, 1), round(m.fidelity.window_ratio, 2)
+(True, 16.5, 0.97)
 
 Dialects: ``from_sidekiq``, ``from_faktory``, ``from_celery``, ``from_dramatiq``,
 ``from_bullmq``, ``from_temporal``, ``from_queue_backoff``; ``migrate_path``

@@ -92,9 +92,7 @@ class FidelityRow:
     @property
     def ratio(self) -> float:
         """New expected delay over old: above 1 the OJS policy waits longer."""
-        if self.old.mean == 0:
-            return 1.0 if self.new.mean == 0 else math.inf
-        return self.new.mean / self.old.mean
+        return _ratio(self.new.mean, self.old.mean)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON; an infinite ratio is written as ``null``."""
@@ -147,21 +145,17 @@ class Fidelity:
     @property
     def window_ratio(self) -> float:
         """New expected total retry window over the old one (1.0 when both are empty)."""
-        if self.old_total == 0:
-            return 1.0 if self.new_total == 0 else math.inf
-        return self.new_total / self.old_total
+        return _ratio(self.new_total, self.old_total)
 
     @property
     def strays(self) -> tuple[FidelityRow, ...]:
         """Rows off by more than ``RETRY_TOLERANCE`` and by more than ``SLACK_S``."""
-        return tuple(row for row in self.rows if _stray(row.ratio) > math.log(RETRY_TOLERANCE)
-                     and abs(row.new.mean - row.old.mean) > SLACK_S)
+        return tuple(row for row in self.rows if strays(row.new.mean, row.old.mean))
 
     @property
     def window_ok(self) -> bool:
         """Whether the total window is within ``WINDOW_TOLERANCE`` (or ``SLACK_S``)."""
-        return (_stray(self.window_ratio) <= math.log(WINDOW_TOLERANCE)
-                or abs(self.new_total - self.old_total) <= SLACK_S)
+        return window_holds(self.new_total, self.old_total)
 
     @property
     def faithful(self) -> bool:
@@ -272,6 +266,25 @@ class Migration:
             "notes": [note.to_dict() for note in self.notes],
             "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
         }
+
+
+def strays(new: float, old: float) -> bool:
+    """Whether an expected delay of ``new`` seconds where the source waits ``old`` is off
+    by more than ``RETRY_TOLERANCE`` and by more than ``SLACK_S``."""
+    return _stray(_ratio(new, old)) > math.log(RETRY_TOLERANCE) and abs(new - old) > SLACK_S
+
+
+def window_holds(new_total: float, old_total: float) -> bool:
+    """Whether a total retry window of ``new_total`` seconds keeps ``old_total``: within
+    ``WINDOW_TOLERANCE``, or ``SLACK_S``."""
+    return (_stray(_ratio(new_total, old_total)) <= math.log(WINDOW_TOLERANCE)
+            or abs(new_total - old_total) <= SLACK_S)
+
+
+def _ratio(new: float, old: float) -> float:
+    if old == 0:
+        return 1.0 if new == 0 else math.inf
+    return new / old
 
 
 def _stray(ratio: float) -> float:

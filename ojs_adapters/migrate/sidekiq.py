@@ -6,9 +6,10 @@ Sidekiq counts *retries* (``retry: 25`` is 26 attempts) and overloads ``retry``:
 exhausted jobs out of the dead set. ``retry_for`` (7.1.3+) limits retries by
 time; from 8.1 it replaces the count.
 
-The delay (``_sidekiq_delay``): Sidekiq's default formula gets the mapping
-ojs-retry section 3.4 names, polynomial with coefficient 4.0, with the initial
-interval that keeps the expected total retry window. A ``sidekiq_retry_in``
+The delay (``_sidekiq_delay``): Sidekiq's default formula gets the OJS
+schedule closest to it retry by retry (``_fit.offset_formula``; section 3.4's
+polynomial with coefficient 4.0 keeps the window only by retrying first after
+half a second, where Sidekiq waits at least 15 s). A ``sidekiq_retry_in``
 formula is fitted, and the fit's error reported; ``:kill`` and ``:discard``
 for an error class become ``non_retryable_errors`` (or a handler response
 code where they end elsewhere). ``Migration.fidelity`` compares the schedules.
@@ -45,7 +46,7 @@ from ojs_adapters.migrate._common import (
     parse_version,
     policy_from,
 )
-from ojs_adapters.migrate._fit import Fit, fit_schedule, schedule_fields, spec_polynomial
+from ojs_adapters.migrate._fit import Fit, fit_schedule, offset_formula, schedule_fields
 from ojs_adapters.migrate._model import Band, Migration
 from ojs_adapters.migrate._ruby_literals import Dynamic
 from ojs_adapters.migrate._sidekiq_delay import (
@@ -82,7 +83,7 @@ def from_sidekiq(options: Mapping[str, Any] | None, *, version: str | None = Non
 
     >>> m = from_sidekiq({"retry": 5, "dead": False}, version="7.3")
     >>> (m.policy.max_attempts, m.policy.on_exhaustion, m.policy.backoff_strategy)
-    (6, 'discard', 'polynomial')
+    (6, 'discard', 'exponential')
     """
     opts = normalize(options, DIALECT)
     notes = Notes()
@@ -179,7 +180,7 @@ def _schedule(formula: Formula | None, retries: int, ver: Version, notes: Notes
             notes.add("info", "sidekiq_retry_in", f"{formula.text} gives no positive delay, so "
                       "Sidekiq uses its default formula throughout")
         old = [sidekiq_band(c, ver) for c in range(count)]
-        fields, why = spec_polynomial([b.mean for b in old], retries)
+        fields, why = offset_formula(old, retries, "Sidekiq")
         notes.add("approximate", "retry", "Sidekiq's delay " + why)
         notes.add("approximate", "retry",
                   "Sidekiq's random term is added seconds; OJS jitter multiplies the delay by "
