@@ -5,7 +5,9 @@ the system itself) and returns a ``Migration``: the ``policy`` (or ``None`` when
 OJS has no equivalent and nothing was guessed), ``notes`` naming every lossy or
 approximate step, and ``fidelity`` comparing the old and new delay schedules,
 retry by retry and over the total retry window. ``Migration.ok`` is false when
-there is no policy or the translation is ``lossy``.
+there is no policy or the translation is ``lossy``; ``Migration.verdict`` is
+``approximate`` rather than ``ok`` when early retries come much sooner than the
+source's (``Fidelity.hurried``).
 
 >>> from ojs_adapters.migrate import from_sidekiq
 >>> m = from_sidekiq({"retry": 5, "dead": False}, version="8.1")

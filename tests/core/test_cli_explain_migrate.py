@@ -87,7 +87,26 @@ def test_migrate_prints_policy_notes_and_fidelity(tmp_path: Path) -> None:
                      result.output)
     assert "approximate: retry:" in result.output
     assert "Old delay" in result.output
-    assert "verdict: ok" in result.output  # the spec's mapping keeps the window (issue 16)
+    assert "verdict: ok" in result.output  # every retry within 1.5x, the first after 16 s
+
+
+def test_migrate_verdict_flags_early_retries_much_sooner() -> None:
+    """Sidekiq's 25 retries: the closest schedule within tolerance still retries first after
+    1.76 s where Sidekiq waits 19.5 s. Under a minute off, so not lossy (exit 0, ok), but
+    not 'ok' either: 'approximate', with the numbers, in the verdict line and the JSON."""
+    result = run("migrate", "--from", "sidekiq", "-", "--version", "8.1", input="retry: 25")
+    assert result.exit_code == 0, result.output
+    assert ("verdict: approximate: retry 1 comes more than 2.5x sooner than the source's: "
+            "1.76s where it waits 19.5s (0.09x)") in " ".join(result.output.split())
+    result = run("migrate", "--from", "sidekiq", "-", "--version", "8.1", "--json",
+                 input="retry: 25")
+    [m] = json.loads(result.output)["migrations"]
+    assert (m["ok"], m["verdict"], m["fidelity"]["hurried"]) == (True, "approximate", [1])
+    assert any(n["severity"] == "approximate" and "2.5x sooner" in n["text"]
+               for n in m["notes"])
+    result = run("migrate", "--from", "sidekiq", "-", "--json", input="retry: 5")
+    [m] = json.loads(result.output)["migrations"]
+    assert (m["ok"], m["verdict"], m["fidelity"]["hurried"]) == (True, "ok", [])
 
 
 def test_migrate_reads_app_and_config_as_one_run(tmp_path: Path) -> None:
