@@ -45,7 +45,9 @@ _RANGES: dict[BackoffStrategy, tuple[float, float]] = {
     "exponential": (1.0, 10.0), "polynomial": (1.0, 8.0)}
 #: ojs-retry section 3.4: the coefficient for Sidekiq's ``count**4`` (Faktory's too).
 SPEC_COEFFICIENT = 4.0
-#: Shapes tried, simplest first: a later one must be strictly better to win.
+#: Shapes tried, simplest first: a later one must be exact, or closer by more than
+#: ``_SIMPLER`` (1% in ratio), to win over a simpler one that is within tolerance.
+_SIMPLER = math.log(1.01)
 _ORDER: tuple[BackoffStrategy, ...] = ("none", "linear", "exponential", "polynomial")
 #: How much more a retry that comes sooner than the source's counts than one that comes
 #: later by the same factor: a sooner retry adds load on a downstream that is failing,
@@ -165,7 +167,8 @@ def _search(targets: Sequence[float], digits: int, scale: Scale,
             candidate = fits[0]
             for fit in fits[1:]:
                 candidate = fit if better(fit, candidate) else candidate
-        if better(candidate, best):
+        if better(candidate, best) and (candidate.exact or not best.within or not (
+                candidate.within and best.cost - candidate.cost <= _SIMPLER)):
             best = candidate
     return best
 

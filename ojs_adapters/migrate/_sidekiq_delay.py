@@ -66,6 +66,18 @@ def sidekiq_band(count: int, ver: Version, *, base: float | None = None) -> Band
     return Band(base, base + top, base + top / 2)
 
 
+def random_term(ver: Version) -> tuple[str, str]:
+    """Sidekiq's random term for ``ver`` as Ruby, and its mean in seconds.
+
+    >>> random_term((8, 1, 0))
+    ('rand(10 * (count + 1))', '5 * (count + 1) - 0.5')
+    """
+    spread, scaled = next((s, k) for since, s, k in SIDEKIQ_JITTER if ver >= since)
+    if scaled:  # an integer in [0, spread * (count + 1) - 1]
+        return f"rand({spread} * (count + 1))", f"{spread / 2:g} * (count + 1) - 0.5"
+    return f"rand({spread}) * (count + 1)", f"{(spread - 1) / 2:g} * (count + 1)"
+
+
 def block_delay(formula: Formula | None, count: int) -> tuple[float, float, float] | None:
     """``(low, mean, high)`` seconds the block gives for ``count``; ``None``: the default."""
     if formula is None:

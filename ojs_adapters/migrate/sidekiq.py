@@ -10,7 +10,8 @@ The delay (``_sidekiq_delay``): Sidekiq's default formula gets the OJS
 schedule closest to it retry by retry (``_fit.offset_formula``; section 3.4's
 polynomial with coefficient 4.0 keeps the window only by retrying first after
 half a second, where Sidekiq waits at least 15 s). A ``sidekiq_retry_in``
-formula is fitted, and the fit's error reported; ``:kill`` and ``:discard``
+formula is fitted with the random term Sidekiq adds to it (since 6.5.2), and the
+fit's error reported; ``:kill`` and ``:discard``
 for an error class become ``non_retryable_errors`` (or a handler response
 code where they end elsewhere). ``Migration.fidelity`` compares the schedules.
 
@@ -19,9 +20,9 @@ code where they end elsewhere). ``Migration.fidelity`` compares the schedules.
 (1, 'dead_letter')
 >>> from_sidekiq({"retry": False}).policy.on_exhaustion
 'discard'
->>> p = from_sidekiq({"sidekiq_retry_in": "30 * (count + 1)"}).policy
->>> (p.backoff_strategy, p.initial_interval.total_seconds())
-('linear', 30.0)
+>>> p = from_sidekiq({"sidekiq_retry_in": "30 * (count + 1)"}, version="7.3").policy
+>>> (p.backoff_strategy, p.initial_interval.total_seconds())  # + rand(10) * (count + 1)
+('linear', 34.5)
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from ojs_adapters.migrate._common import (
     MAX_INTERVAL_S,
     MIN_INTERVAL_S,
     Notes,
-    compare,
     compared,
     get_bool,
     get_int,
@@ -46,7 +46,7 @@ from ojs_adapters.migrate._common import (
     parse_version,
     policy_from,
 )
-from ojs_adapters.migrate._fit import Fit, fit_schedule, offset_formula, schedule_fields
+from ojs_adapters.migrate._fit import fit_schedule, offset_formula, schedule_fields
 from ojs_adapters.migrate._model import Band, Migration
 from ojs_adapters.migrate._ruby_literals import Dynamic
 from ojs_adapters.migrate._sidekiq_delay import (
@@ -56,6 +56,7 @@ from ojs_adapters.migrate._sidekiq_delay import (
     RetryIn,
     Version,
     block_delay,
+    random_term,
     read_retry_in,
     seconds_of,
     sidekiq_band,
@@ -186,15 +187,20 @@ def _schedule(formula: Formula | None, retries: int, ver: Version, notes: Notes
                   "Sidekiq's random term is added seconds; OJS jitter multiplies the delay by "
                   "[0.5, 1.5), a wider spread in absolute terms")
         return fields, old
-    targets = [min(max(o[1], MIN_INTERVAL_S), MAX_INTERVAL_S) if o is not None
-               else float(c ** 4 + 15) for c, o in enumerate(own)]
-    fit = fit_schedule(targets)
+    # What Sidekiq waits on average: the block's delay plus, since 6.5.2, its random term
+    # (and its default formula, random term included, where the block gives none).
+    bands = [source_band(formula, c, ver) for c in range(count)]
+    fit = fit_schedule([min(max(b.mean, MIN_INTERVAL_S), MAX_INTERVAL_S) for b in bands])
     said = f"the block's delay {formula.text}"
+    if ver >= RESULT_SYMBOLS_SINCE:
+        term, mean = random_term(ver)
+        said += f" plus the {term} Sidekiq adds to it (since 6.5.2; {mean} s on average)"
     if fit.exact:
         notes.add("info", "sidekiq_retry_in", f"{said} is exactly {fit.describe()}")
     else:
         notes.add("approximate", "sidekiq_retry_in", f"{said} has no exact OJS shape; fitted "
-                  f"as {fit.describe()}, keeping its total ({fit.error()} against the block)")
+                  f"to its expected value as {fit.describe()}, the OJS schedule closest retry "
+                  f"by retry ({fit.error()})")
     fallback = [c + 1 for c, o in enumerate(own) if o is None]
     if fallback:
         shown = ", ".join(map(str, fallback[:5])) + (" ..." if len(fallback) > 5 else "")
@@ -203,34 +209,7 @@ def _schedule(formula: Formula | None, retries: int, ver: Version, notes: Notes
     if formula.random:
         notes.add("approximate", "sidekiq_retry_in", "the block's rand terms count at their "
                   "expected value; the policy has jitter off")
-    bands = [source_band(formula, c, ver) for c in range(count)]
-    fields = schedule_fields(fit, retries, jitter=False)
-    if ver >= RESULT_SYMBOLS_SINCE:
-        fields = _with_random_term(fields, fit, bands, retries, notes)
-    return fields, bands
-
-
-def _with_random_term(fields: dict[str, Any], fit: Fit, bands: list[Band], retries: int,
-                      notes: Notes) -> dict[str, Any]:
-    """The block's own fit where it keeps Sidekiq's schedule; else a fit of what Sidekiq
-    waits on average (the block's delay plus its random term, which it adds since 6.5.2)."""
-    def keeps(shape: dict[str, Any]) -> bool:
-        return compare(bands, policy_from({**shape, "max_attempts": retries + 1})).faithful
-
-    if not keeps(fields):
-        means = fit_schedule([min(max(b.mean, MIN_INTERVAL_S), MAX_INTERVAL_S) for b in bands])
-        refit = schedule_fields(means, retries, jitter=False)
-        if keeps(refit):  # lost by the random term, not by its shape
-            notes.add("approximate", "sidekiq_retry_in",
-                      f"Sidekiq adds its random term to the block's delay, and "
-                      f"{fit.describe()} alone would wait too little; the policy is fitted to "
-                      f"the expected sum instead: {means.describe()} ({means.error()}; "
-                      "jitter off)")
-            return refit
-    notes.add("approximate", "sidekiq_retry_in",
-              "Sidekiq adds its random term to the block's delay; the OJS policy waits the "
-              "fitted delay exactly (jitter off)")
-    return fields
+    return schedule_fields(fit, retries, jitter=False), bands
 
 
 def _version(version: str | None, notes: Notes) -> Version:

@@ -220,7 +220,39 @@ def test_retry_in_fixed_seconds_is_a_constant_schedule() -> None:
     assert m.policy.schedule() == [30.0, 30.0, 30.0]
     assert m.exact  # Sidekiq 6.0 adds no random term to a custom delay
     newer = from_sidekiq({"retry": 3, "sidekiq_retry_in": 30}, version="8.1")
-    assert not newer.exact and newer.fidelity.worst_ratio < 1  # type: ignore[union-attr]
+    assert newer.fidelity is not None and not newer.exact  # 30 + rand(10 * (count + 1))
+    assert [row.old.mean for row in newer.fidelity.rows] == [34.5, 39.5, 44.5]
+    assert all(0.98 < row.ratio < 1.02 for row in newer.fidelity.rows)
+
+
+@pytest.mark.parametrize(("block", "retries", "total"), [
+    ("60 * (2 ** count)", 3, 447.0), ("count * 30", 5, 382.5), ("30 + rand(30)", 4, 223.0)])
+def test_a_block_fit_waits_what_sidekiq_waits(block: str, retries: int, total: float) -> None:
+    """The trial's blocks on 7.3: Sidekiq adds rand(10) * (count + 1) to what a block
+    returns, 4.5 s * (count + 1) on average. The fit kept only the block's own value when
+    that was within tolerance: windows of 7.45 m, 6.38 m and 3.72 m became 7 m, 5.25 m and
+    2.97 m, every retry short. Every block is now fitted to the expected sum."""
+    m = from_sidekiq({"retry": retries, "sidekiq_retry_in": block}, version="7.3")
+    fidelity = m.fidelity
+    assert fidelity is not None and fidelity.old_total == total
+    assert fidelity.window_ratio == pytest.approx(1.0, abs=0.03)
+    assert all(row.ratio > 0.94 for row in fidelity.rows)
+    assert any("rand(10) * (count + 1) Sidekiq adds" in n.text for n in m.notes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 600), retries=st.integers(1, 25),
+       version=st.sampled_from(["6.5.2", "7.3", "8.1"]),
+       block=st.sampled_from(["{k} * (count + 1)", "{k} * 2 ** count", "{k}", "{k} + rand({k})"]))
+def test_no_block_fit_is_short_of_sidekiqs_random_term(k: int, retries: int, version: str,
+                                                       block: str) -> None:
+    """The fit is to what Sidekiq waits on average, its random term included: its delays
+    are not all short of Sidekiq's (some retry waits at least as long, some at most)."""
+    m = from_sidekiq({"retry": retries, "sidekiq_retry_in": block.format(k=k)},
+                     version=version)
+    assert m.fidelity is not None
+    ratios = [row.ratio for row in m.fidelity.rows]
+    assert max(ratios) >= 1 - 1e-3 and min(ratios) <= 1 + 1e-3
 
 
 def test_retry_in_per_error_results() -> None:
