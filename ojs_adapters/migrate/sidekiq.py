@@ -195,21 +195,33 @@ def _schedule(formula: Formula | None, retries: int, ver: Version, notes: Notes
     if ver >= RESULT_SYMBOLS_SINCE:
         term, mean = random_term(ver)
         said += f" plus the {term} Sidekiq adds to it (since 6.5.2; {mean} s on average)"
-    if fit.exact:
+    random = any(b.low < b.high for b in bands)
+    if fit.exact and not random:
         notes.add("info", "sidekiq_retry_in", f"{said} is exactly {fit.describe()}")
+    elif fit.exact:
+        notes.add("approximate", "sidekiq_retry_in", f"{said} is random; its mean is exactly "
+                  f"{fit.describe()}")
     else:
-        notes.add("approximate", "sidekiq_retry_in", f"{said} has no exact OJS shape; fitted "
-                  f"to its expected value as {fit.describe()}, the OJS schedule closest retry "
-                  f"by retry ({fit.error()})")
+        notes.add("approximate", "sidekiq_retry_in", f"{said} has no exact OJS shape; its "
+                  f"mean fitted as {fit.describe()}, the OJS schedule closest retry by retry "
+                  f"({fit.error()})")
     fallback = [c + 1 for c, o in enumerate(own) if o is None]
     if fallback:
         shown = ", ".join(map(str, fallback[:5])) + (" ..." if len(fallback) > 5 else "")
         notes.add("info", "sidekiq_retry_in", f"no positive delay from the block before retry "
                   f"{shown}: Sidekiq uses its default formula there, and so does the fit")
-    if formula.random:
-        notes.add("approximate", "sidekiq_retry_in", "the block's rand terms count at their "
-                  "expected value; the policy has jitter off")
-    return schedule_fields(fit, retries, jitter=False), bands
+    fields = schedule_fields(fit, retries, jitter=random)
+    if random:
+        first, new = bands[0], fit.initial
+        why = " and ".join(w for w, on in (("the block's rand", formula.random),
+                                           ("Sidekiq's random term", ver >= RESULT_SYMBOLS_SINCE
+                                            or fallback)) if on)
+        notes.add("approximate", "sidekiq_retry_in",
+                  f"{why} {'spread' if ' and ' in why else 'spreads'} the retries: the "
+                  "policy keeps a spread with jitter on, but "
+                  f"OJS jitter multiplies the delay by [0.5, 1.5) (retry 1: {new * 0.5:.3g} to "
+                  f"{new * 1.5:.3g} s where Sidekiq waits {first.low:g} to {first.high:g} s)")
+    return fields, bands
 
 
 def _version(version: str | None, notes: Notes) -> Version:

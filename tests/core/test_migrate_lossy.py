@@ -180,7 +180,7 @@ def test_a_custom_formula_is_fitted_and_its_error_stated() -> None:
     code, out = migrate_json("sidekiq", '{"sidekiq_retry_in": "count ** 2 * 60"}')
     [m] = out["migrations"]
     assert code == 0 and m["policy"]["backoff_strategy"] == "polynomial"
-    [fit] = [n for n in m["notes"] if "expected value as polynomial" in n["text"]]
+    [fit] = [n for n in m["notes"] if "mean fitted as polynomial" in n["text"]]
     assert "worst per-retry ratio" in fit["text"] and "total window" in fit["text"]
     # count 0 gives 0 s, so Sidekiq uses its default formula there; the fit says so.
     assert any("before retry 1" in n["text"] for n in m["notes"])

@@ -255,6 +255,31 @@ def test_no_block_fit_is_short_of_sidekiqs_random_term(k: int, retries: int, ver
     assert max(ratios) >= 1 - 1e-3 and min(ratios) <= 1 + 1e-3
 
 
+@pytest.mark.parametrize(("block", "version", "jitter"), [
+    ("30 + rand(30)", "6.0", True),       # the block's rand
+    ("30 + rand(30)", "7.3", True),       # and Sidekiq's random term
+    ("60 * (2 ** count)", "7.3", True),   # Sidekiq's random term alone
+    ("count * 30", "6.0", True),          # count 0 gives 0 s: Sidekiq's own formula there
+    ("30 * (count + 1)", "6.0", False),   # nothing random: exact, jitter off
+])
+def test_a_random_delay_keeps_a_spread(block: str, version: str, jitter: bool) -> None:
+    """A block written with rand spreads retries, and so does the term Sidekiq adds to a
+    block's value since 6.5.2: the policy keeps jitter on, and a random delay's mean is
+    not called exact (30 + rand(30) was 'exactly constant 44.5 s', jitter off)."""
+    m = from_sidekiq({"retry": 4, "sidekiq_retry_in": block}, version=version)
+    assert m.policy is not None and m.fidelity is not None
+    assert m.policy.jitter is jitter
+    assert jitter == any(row.old.low < row.old.high for row in m.fidelity.rows)
+    said = [n for n in m.notes if n.field == "sidekiq_retry_in"]
+    assert any(n.severity == "info" and "is exactly" in n.text for n in said) is not jitter
+    if jitter:
+        assert any("jitter on" in n.text and "where Sidekiq waits" in n.text for n in said)
+        assert m.verdict != "exact"
+    if block == "30 + rand(30)" and version == "6.0":
+        assert any(n.severity == "approximate" and "its mean is exactly constant 44.5 s"
+                   in n.text for n in said)
+
+
 def test_retry_in_per_error_results() -> None:
     m = from_sidekiq({"sidekiq_retry_in": {"Net::ReadTimeout": ":kill", "Stale": ":discard",
                                            "Slow": 60}})
