@@ -116,8 +116,15 @@ def _verdict(found: list[Migration], allow_lossy: bool) -> None:
     if lossy:
         parts.append(f"{lossy} lossy" + (" (accepted: --allow-lossy)" if allow_lossy
                                           else " (pass --allow-lossy to accept)"))
-    click.echo(f"{len(found)} job(s) migrated: " + ", ".join(parts) + "; see the lossy and "
+    wide = sum(m.app_wide for m in found)
+    counted = _count(len(found) - wide, "job") + (f", {_count(wide, 'app-wide default')}"
+                                                   if wide else "")
+    click.echo(f"{counted} migrated: " + ", ".join(parts) + "; see the lossy and "
                "unsupported notes", err=True)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _show(migration: Migration, rows: bool) -> None:

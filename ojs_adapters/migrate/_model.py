@@ -244,7 +244,8 @@ class Migration:
     say why. ``handler_codes`` maps error types to the response code a handler
     must raise (``JobError(type, code=...)``) to keep per-error behaviour the
     policy cannot hold. ``ok`` holds only when there is a policy and the
-    migration is not ``lossy``.
+    migration is not ``lossy``. ``app_wide`` marks an app's default rather than one
+    job's (Sidekiq's ``default_job_options`` or ``max_retries``).
 
     >>> from ojs_adapters.migrate import from_faktory
     >>> m = from_faktory({"retry": -1})
@@ -260,6 +261,7 @@ class Migration:
     name: str | None = None
     origin: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    app_wide: bool = False
 
     @property
     def lossy(self) -> bool:
@@ -302,6 +304,7 @@ class Migration:
             "dialect": self.dialect,
             "name": self.name,
             "origin": self.origin,
+            "app_wide": self.app_wide,
             "ok": self.ok,
             "verdict": self.verdict,
             "lossy": self.lossy,

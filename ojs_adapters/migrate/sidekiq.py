@@ -63,7 +63,7 @@ from ojs_adapters.migrate._sidekiq_delay import (
     source_band,
 )
 
-__all__ = ["DEFAULT_RETRIES", "SIDEKIQ_JITTER", "from_sidekiq", "sidekiq_band"]
+__all__ = ["DEFAULT_RETRIES", "RETRY_OPTIONS", "SIDEKIQ_JITTER", "from_sidekiq", "sidekiq_band"]
 
 DIALECT = "sidekiq"
 #: The version assumed when none is given.
@@ -75,7 +75,9 @@ RETRY_FOR_WINS_SINCE = (8, 1, 0)
 #: Retries ``retry_for`` is checked against: past them a window counts as unbounded.
 _WINDOW_LIMIT = 10_000
 
-_KNOWN = {"retry", "dead", "retry_for", "sidekiq_retry_in", "retry_in", "max_retries"}
+#: The options a translation reads; any other is left out with a note.
+RETRY_OPTIONS = frozenset({"retry", "dead", "retry_for", "sidekiq_retry_in", "retry_in",
+                           "max_retries"})
 
 
 def from_sidekiq(options: Mapping[str, Any] | None, *, version: str | None = None,
@@ -89,7 +91,7 @@ def from_sidekiq(options: Mapping[str, Any] | None, *, version: str | None = Non
     opts = normalize(options, DIALECT)
     notes = Notes()
     ver = _version(version, notes)
-    note_ignored(opts, _KNOWN, notes)
+    note_ignored(opts, RETRY_OPTIONS, notes)
     dynamic = [k for k in ("retry", "dead", "retry_for", "max_retries")
                if isinstance(opts.get(k), Dynamic)]
     if dynamic:
@@ -239,7 +241,8 @@ def _retries(opts: dict[str, Any], exhaust: str, notes: Notes, *, quiet: bool) -
     value = opts.get("retry")
     if value is None or value is True:
         if value is None and not quiet:
-            notes.add("info", "retry", f"not set: Sidekiq's default of {default} retries "
+            whose = "the app's max_retries" if "max_retries" in opts else "Sidekiq's default"
+            notes.add("info", "retry", f"not set: {whose} of {default} retries "
                       f"({default + 1} attempts)")
         return default
     if value is False:

@@ -109,6 +109,45 @@ def test_migrate_verdict_flags_early_retries_much_sooner() -> None:
     assert (m["ok"], m["verdict"], m["fidelity"]["hurried"]) == (True, "ok", [])
 
 
+def test_app_wide_defaults_take_the_apps_max_retries_and_are_counted_apart(
+        tmp_path: Path) -> None:
+    """The trial's layout: sidekiq.yml sets :max_retries: 8, an initializer sets
+    Sidekiq.default_job_options. That row, the app's default for a job with no options,
+    said 'Sidekiq's default of 25 retries' where the jobs got 8; every job repeated
+    'Sidekiq-wide: backtrace' (not a retry setting); the summary counted the two app-wide
+    rows as jobs."""
+    (tmp_path / "app" / "jobs").mkdir(parents=True)
+    (tmp_path / "config" / "initializers").mkdir(parents=True)
+    (tmp_path / "config" / "sidekiq.yml").write_text(
+        "---\n:concurrency: 5\n:max_retries: 8\n:queues:\n  - default\n")
+    (tmp_path / "config" / "initializers" / "sidekiq.rb").write_text(
+        "Sidekiq.default_job_options = { 'backtrace' => true }\n")
+    (tmp_path / "app" / "jobs" / "jobs.rb").write_text(
+        "class PlainJob\n  include Sidekiq::Job\nend\n"
+        "class FiveJob\n  include Sidekiq::Job\n  sidekiq_options retry: 5\nend\n"
+        "class CodeJob\n  include Sidekiq::Job\n  sidekiq_retry_in { |c, e| e.wait }\nend\n")
+    sources = (str(tmp_path / "app"), str(tmp_path / "config"))
+    result = run("migrate", "--from", "sidekiq", *sources, "--json")
+    found = {m["name"]: m for m in json.loads(result.output)["migrations"]}
+    wide = found["Sidekiq.default_job_options"]
+    assert wide["policy"]["max_attempts"] == 9 and wide["app_wide"] is True
+    assert found["Sidekiq[:max_retries]"]["app_wide"] is True
+    said = [n["text"] for n in wide["notes"]]
+    assert any("Sidekiq-wide: max_retries from Sidekiq[:max_retries]" in t
+               and t.endswith("sidekiq.yml:3)") for t in said)
+    assert "not set: the app's max_retries of 8 retries (9 attempts)" in " ".join(said)
+    assert sum("backtrace" in t for t in said) == 1  # said once, on its own row
+    for name in ("PlainJob", "FiveJob", "CodeJob"):
+        assert found[name]["app_wide"] is False
+        assert not any("backtrace" in n["text"] for n in found[name]["notes"]), name
+    assert found["PlainJob"]["policy"]["max_attempts"] == 9
+    assert any("max_retries from" in n["text"] for n in found["PlainJob"]["notes"])
+    assert not any("max_retries" in n["text"] for n in found["FiveJob"]["notes"])  # retry: 5
+    human = run("migrate", "--from", "sidekiq", *sources)
+    assert human.exit_code == 3  # CodeJob's block is code
+    assert "3 jobs, 2 app-wide defaults migrated: 1 lossy" in human.output
+
+
 def test_migrate_reads_app_and_config_as_one_run(tmp_path: Path) -> None:
     """docs/migration.md: point the command at ``app/`` and ``config/``; the app's defaults
     in ``config/`` apply to the jobs in ``app/``, and a file named twice counts once."""
