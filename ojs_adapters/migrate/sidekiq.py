@@ -30,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from ojs_adapters.failure import HandlerCode
 from ojs_adapters.migrate._arith import Formula
 from ojs_adapters.migrate._common import (
     MAX_INTERVAL_S,
@@ -52,7 +51,6 @@ from ojs_adapters.migrate._ruby_literals import Dynamic
 from ojs_adapters.migrate._sidekiq_delay import (
     RESULT_SYMBOLS_SINCE,
     SIDEKIQ_JITTER,
-    Answer,
     RetryIn,
     Version,
     block_delay,
@@ -62,6 +60,7 @@ from ojs_adapters.migrate._sidekiq_delay import (
     sidekiq_band,
     source_band,
 )
+from ojs_adapters.migrate._sidekiq_errors import per_error
 
 __all__ = ["DEFAULT_RETRIES", "RETRY_OPTIONS", "SIDEKIQ_JITTER", "from_sidekiq", "sidekiq_band"]
 
@@ -121,7 +120,7 @@ def from_sidekiq(options: Mapping[str, Any] | None, *, version: str | None = Non
 
 def _finish(opts: dict[str, Any], notes: Notes, retries: int, exhaust: str, retry_in: RetryIn,
             ver: Version, name: str | None, origin: str | None) -> Migration:
-    non_retryable, codes = _per_error(retry_in, retries, exhaust, notes)
+    non_retryable, codes = per_error(retry_in, retries, exhaust, notes)
     fields: dict[str, Any] = {"max_attempts": retries + 1, "on_exhaustion": exhaust,
                               "non_retryable_errors": non_retryable}
     old: list[Band] = []
@@ -132,45 +131,6 @@ def _finish(opts: dict[str, Any], notes: Notes, retries: int, exhaust: str, retr
     policy = policy_from(fields)
     fidelity = judged(old, policy, notes)
     return Migration(DIALECT, policy, tuple(notes), fidelity, codes, name, origin, opts)
-
-
-def _per_error(retry_in: RetryIn, retries: int, exhaust: str, notes: Notes
-               ) -> tuple[list[str], dict[str, HandlerCode]]:
-    """Per-error answers: ``non_retryable_errors``, handler codes, and what is lost."""
-    non_retryable: list[str] = []
-    codes: dict[str, HandlerCode] = {}
-    if retries == 0 and retry_in.per_error:
-        notes.add("info", "sidekiq_retry_in", "per-error answers are never asked for: with no "
-                  "retries the job ends at its first failure")
-    for error, answer in retry_in.per_error.items() if retries else ():
-        if answer not in ("kill", "discard"):
-            if answer != retry_in.default:
-                notes.add("lossy", "sidekiq_retry_in", f"{_said(answer)} for {error} only: an "
-                          "OJS policy has one schedule for all errors, so the policy uses "
-                          f"{_said(retry_in.default)} for {error} too")
-            continue
-        ends = "dead_letter" if answer == "kill" and exhaust == "dead_letter" else "discard"
-        if ends == exhaust:
-            non_retryable.append(error)
-            continue
-        codes[error] = "DEAD_LETTER" if ends == "dead_letter" else "DISCARD"
-        notes.add("approximate", "sidekiq_retry_in",
-                  f":{answer} for {error}: the handler must raise "
-                  f"JobError({error!r}, code={codes[error]!r}); the policy alone sends "
-                  f"non-retryable errors to on_exhaustion={exhaust!r}")
-    if non_retryable:
-        notes.add("info", "sidekiq_retry_in",
-                  f"non_retryable_errors {', '.join(non_retryable)}: the block ends the job at "
-                  f"once for these, where on_exhaustion {exhaust!r} puts it too. Names are kept "
-                  "as written: handlers must raise these types, e.g. "
-                  f"JobError({non_retryable[0]!r}, ...)")
-    return non_retryable, codes
-
-
-def _said(answer: Answer) -> str:
-    if isinstance(answer, Formula):
-        return f"the delay {answer.text}"
-    return "Sidekiq's default delay" if answer is None else f":{answer}"
 
 
 def _schedule(formula: Formula | None, retries: int, ver: Version, notes: Notes
