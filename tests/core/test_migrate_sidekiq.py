@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ojs_adapters import OjsValidationError
+from ojs_adapters import JobError, OjsValidationError, decide
+from ojs_adapters.failure import error_type_of
 from ojs_adapters.migrate import Band, Fidelity, from_sidekiq
 from ojs_adapters.migrate._common import compare
 from ojs_adapters.migrate._fit import SOONER_WEIGHT
@@ -287,6 +288,43 @@ def test_retry_in_per_error_results() -> None:
     assert m.policy.non_retryable_errors == ("Net::ReadTimeout",)  # same end as exhaustion
     assert m.handler_codes == {"Stale": "DISCARD"}
     assert any(n.severity == "lossy" and "Slow" in n.text for n in m.notes)
+
+
+class ArgumentError(Exception):  # Ruby's name, as a Python app might copy it
+    """A Python class named as the Ruby error a Sidekiq block kills."""
+
+
+class TaggedArgumentError(Exception):
+    ojs_error_type = "ArgumentError"
+
+
+def test_per_error_notes_say_how_to_keep_them_in_python() -> None:
+    """The trial's block: ``when ArgumentError then :kill``, ``when Net::ReadTimeout then
+    30``. The notes said to raise JobError('ArgumentError', ...) and that the 30 s is lost;
+    they now say a same-named Python class does not match (its type is module-qualified),
+    how it does, which built-in is usually meant, and that retry_after keeps the 30 s as
+    a minimum. Every claim is checked against the policy and decide()."""
+    m = from_sidekiq({"sidekiq_retry_in": {"ArgumentError": ":kill", "Net::ReadTimeout": 30,
+                                           "Slow": "30 * (count + 1)", "TypeError": ":kill",
+                                           "*": "10 * count"}}, version="7.3")
+    policy = m.policy
+    assert policy is not None
+    assert policy.non_retryable_errors == ("ArgumentError", "TypeError")
+    [names] = [n.text for n in m.notes if n.text.startswith("non_retryable_errors")]
+    assert "app.errors.ArgumentError" in names and "ojs_error_type = 'ArgumentError'" in names
+    assert "ArgumentError is usually ValueError or TypeError" in names
+    assert "TypeError is usually" not in names  # a Python built-in name matches as it is
+    assert error_type_of(ArgumentError) == f"{__name__}.ArgumentError"
+    assert decide(policy, 1, ArgumentError("x")).action == "retry"  # not matched by name
+    assert decide(policy, 1, TaggedArgumentError("x")).action == "dead_letter"
+    assert decide(policy, 1, TypeError("x")).action == "dead_letter"
+    [fixed] = [n.text for n in m.notes if n.severity == "lossy" and "Net::ReadTimeout" in n.text]
+    assert "JobError('Net::ReadTimeout', ..., retry_after=30)" in fixed
+    assert "the policy's or 30 s, whichever is longer" in fixed
+    late = decide(policy, 1, JobError("Net::ReadTimeout", "slow", retry_after=30))
+    assert late.delay == max(30.0, policy.delay(1, jitter_sample=late.jitter_sample))
+    [grows] = [n.text for n in m.notes if n.severity == "lossy" and "Slow" in n.text]
+    assert "retry_after=<that value>" in grows and "current_job().attempt - 1" in grows
 
 
 def test_dynamic_values_are_reported_not_guessed() -> None:
