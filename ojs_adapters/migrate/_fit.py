@@ -21,7 +21,6 @@ the translation is lossy anyway and the fit keeps the total window instead
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from ojs_adapters.migrate._model import (
     RETRY_TOLERANCE,
     SLACK_S,
     WINDOW_TOLERANCE,
-    Band,
     strays,
     window_holds,
 )
@@ -43,8 +41,6 @@ LONGEST_CAP_S = 10 ** 9
 #: Coefficients searched, per strategy; polynomial's range includes Sidekiq's 4.
 _RANGES: dict[BackoffStrategy, tuple[float, float]] = {
     "exponential": (1.0, 10.0), "polynomial": (1.0, 8.0)}
-#: ojs-retry section 3.4: the coefficient for Sidekiq's ``count**4`` (Faktory's too).
-SPEC_COEFFICIENT = 4.0
 #: Shapes tried, simplest first: a later one must be exact, or closer by more than
 #: ``_SIMPLER`` (1% in ratio), to win over a simpler one that is within tolerance.
 _SIMPLER = math.log(1.01)
@@ -283,32 +279,3 @@ def _minimise(fit: Callable[[float], Fit], better: Callable[[Fit, Fit], bool], l
             fd = fit(d)
     return (a + b) / 2
 
-
-def offset_formula(old: Sequence[Band], retries: int, source: str
-                   ) -> tuple[dict[str, Any], str]:
-    """Sidekiq's and Faktory's default formula, ``count**4 + 15 + random``: the closest
-    schedule (``fit_schedule``), jitter on for the random term (ojs-retry section 13.2).
-
-    Section 3.4 names polynomial with coefficient 4.0 for it, but OJS has no constant
-    offset (the ``+ 15``): scaled to keep the window, that shape retries first after
-    well under a second, so it is used only where it is also the closest.
-    """
-    means = [b.mean for b in old]
-    fit = fit_schedule(means)
-    fields = schedule_fields(fit, retries, jitter=True)
-    text = (f"count**4 + 15 + random: fitted as {fit.describe()}, the OJS schedule closest "
-            f"retry by retry ({fit.error()}); jitter stands for the random term")
-    spec = fit_shape(means, "polynomial", SPEC_COEFFICIENT)
-    if (fit.strategy, fit.coefficient) != ("polynomial", SPEC_COEFFICIENT):
-        text += (f". Not section 3.4's polynomial with backoff_coefficient 4.0: OJS has no "
-                 f"constant offset (the + 15), so keeping the window that shape would retry "
-                 f"first after {spec.initial:g} s where {source} waits {means[0]:g} s")
-    early = list(itertools.takewhile(lambda pair: pair[0] < pair[1].low,
-                                     zip(fit.delays(len(old)), old, strict=True)))
-    if early:
-        said = ", ".join(f"retry {n} after {new:.3g} s where {source} waits at least "
-                         f"{band.low:g} s" for n, (new, band) in enumerate(early[:3], start=1))
-        text += (". No OJS schedule within tolerance keeps the first retries: "
-                 f"{said}{' ...' if len(early) > 3 else ''}")
-    return fields, text + f"; max_interval {fields['max_interval']} never binds (the source " \
-        "has no cap)"

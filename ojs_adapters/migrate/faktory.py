@@ -6,7 +6,7 @@ attempt and straight to the morgue. A payload *without* ``retry`` gets the
 default of 25 on Faktory 1.6.0 and later (faktory#385 made the field a
 pointer), but unmarshals to 0 (discarded) on earlier servers (faktory#144).
 The delay is ``count**4 + 15 + rand(30) * (count + 1)`` seconds, count from 0:
-Sidekiq's old formula, so it gets the same fit (``_fit.offset_formula``).
+Sidekiq's old formula, so it gets the same fit (``_sidekiq_delay.offset_formula``).
 
 >>> [from_faktory({"retry": r}).policy.on_exhaustion for r in (25, 0, -1)]
 ['dead_letter', 'discard', 'dead_letter']
@@ -30,8 +30,8 @@ from ojs_adapters.migrate._common import (
     parse_version,
     policy_from,
 )
-from ojs_adapters.migrate._fit import offset_formula
 from ojs_adapters.migrate._model import Band, Migration
+from ojs_adapters.migrate._sidekiq_delay import offset_formula
 
 DIALECT = "faktory"
 #: Retries when the payload has no ``retry`` (client libraries and servers >= 1.6.0).

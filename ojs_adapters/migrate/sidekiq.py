@@ -7,7 +7,7 @@ exhausted jobs out of the dead set. ``retry_for`` (7.1.3+) limits retries by
 time; from 8.1 it replaces the count.
 
 The delay (``_sidekiq_delay``): Sidekiq's default formula gets the OJS
-schedule closest to it retry by retry (``_fit.offset_formula``; section 3.4's
+schedule closest to it retry by retry (``offset_formula``; section 3.4's
 polynomial with coefficient 4.0 keeps the window only by retrying first after
 half a second, where Sidekiq waits at least 15 s). A ``sidekiq_retry_in``
 formula is fitted with the random term Sidekiq adds to it (since 6.5.2), and the
@@ -45,7 +45,7 @@ from ojs_adapters.migrate._common import (
     parse_version,
     policy_from,
 )
-from ojs_adapters.migrate._fit import fit_schedule, offset_formula, schedule_fields
+from ojs_adapters.migrate._fit import fit_schedule, schedule_fields
 from ojs_adapters.migrate._model import Band, Migration
 from ojs_adapters.migrate._ruby_literals import Dynamic
 from ojs_adapters.migrate._sidekiq_delay import (
@@ -54,6 +54,7 @@ from ojs_adapters.migrate._sidekiq_delay import (
     RetryIn,
     Version,
     block_delay,
+    offset_formula,
     random_term,
     read_retry_in,
     seconds_of,
