@@ -53,6 +53,23 @@ def test_a_shape_ojs_can_say_is_found_exactly(strategy: str, initial_ms: int,
     assert fit.initial == pytest.approx(initial_ms / 1000, rel=1e-3)
 
 
+@settings(max_examples=40, deadline=None)
+@given(targets=delays, strategy=st.sampled_from(["none", "linear", "exponential",
+                                                 "polynomial"]),
+       coefficient=st.floats(1.0, 4.0))
+def test_the_closest_fit_is_no_farther_than_any_window_keeping_one(
+        targets: list[float], strategy: str, coefficient: float) -> None:
+    """Among the schedules within tolerance, the fit's measure (the worst per-retry log
+    ratio, a sooner retry counting SOONER_WEIGHT times) is never worse than that of a
+    shape scaled to keep the window (what the fit was before), beyond the 1% a simpler
+    shape may give away."""
+    fit = fit_schedule(targets)
+    other = fit_shape(targets, strategy, round(coefficient, 2))  # type: ignore[arg-type]
+    if other.within:
+        assert fit.within
+        assert fit.cost <= other.cost + math.log(1.01) + 1e-6
+
+
 @settings(max_examples=60, deadline=None)
 @given(old=st.lists(st.floats(SLACK_S * 4, 1e6), min_size=1, max_size=20),
        factor=st.floats(0.2, 5.0))
