@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -59,7 +60,9 @@ def migrate(dialect: str, sources: tuple[str, ...], version: str | None, cap: in
 
     A translation is lossy when a note says behaviour is lost or the schedule
     is not kept (a retry off by more than 2.5x and a minute, or the total
-    window by more than 25%). Exit status 3 when a job is lossy (unless
+    window by more than 25%). A retry more than 2.5x sooner than the source's
+    but under a minute off (Sidekiq's first retries) makes the verdict
+    approximate, not ok; it does not fail the run. Exit status 3 when a job is lossy (unless
     --allow-lossy) or has no OJS equivalent at all (for example Celery
     max_retries=None: nothing is capped silently; pass --cap-unbounded N).
 
@@ -113,8 +116,15 @@ def _verdict(found: list[Migration], allow_lossy: bool) -> None:
     if lossy:
         parts.append(f"{lossy} lossy" + (" (accepted: --allow-lossy)" if allow_lossy
                                           else " (pass --allow-lossy to accept)"))
-    click.echo(f"{len(found)} job(s) migrated: " + ", ".join(parts) + "; see the lossy and "
+    wide = sum(m.app_wide for m in found)
+    counted = _count(len(found) - wide, "job") + (f", {_count(wide, 'app-wide default')}"
+                                                   if wide else "")
+    click.echo(f"{counted} migrated: " + ", ".join(parts) + "; see the lossy and "
                "unsupported notes", err=True)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _show(migration: Migration, rows: bool) -> None:
@@ -143,9 +153,16 @@ def _show(migration: Migration, rows: bool) -> None:
                               _band(row.new.low, row.new.high), ratio)
             out.print(table)
     if migration.policy is not None:
-        verdict = "LOSSY: behaviour is lost, see the lossy notes" if migration.lossy \
-            else "exact" if migration.exact else "ok: approximate, intent kept"
-        out.print(f"verdict: {verdict}", markup=False)
+        out.print(f"verdict: {_VERDICTS[migration.verdict](migration)}", markup=False)
+
+
+_VERDICTS: dict[str, Callable[[Migration], str]] = {
+    "lossy": lambda m: "LOSSY: behaviour is lost, see the lossy notes",
+    "exact": lambda m: "exact",
+    "ok": lambda m: "ok: approximate, intent kept",
+    "approximate": lambda m: "approximate: " + (m.fidelity.hurry() if m.fidelity else "")
+    + "; the rest is kept, see the notes",
+}
 
 
 def _band(low: float, high: float) -> str:

@@ -5,14 +5,16 @@ the system itself) and returns a ``Migration``: the ``policy`` (or ``None`` when
 OJS has no equivalent and nothing was guessed), ``notes`` naming every lossy or
 approximate step, and ``fidelity`` comparing the old and new delay schedules,
 retry by retry and over the total retry window. ``Migration.ok`` is false when
-there is no policy or the translation is ``lossy``.
+there is no policy or the translation is ``lossy``; ``Migration.verdict`` is
+``approximate`` rather than ``ok`` when early retries come much sooner than the
+source's (``Fidelity.hurried``).
 
 >>> from ojs_adapters.migrate import from_sidekiq
 >>> m = from_sidekiq({"retry": 5, "dead": False}, version="8.1")
->>> m.policy.max_attempts, m.policy.on_exhaustion, m.policy.backoff_coefficient
-(6, 'discard', 4.0)
->>> m.ok, round(m.fidelity.window_ratio, 2)
-(True, 1.0)
+>>> m.policy.max_attempts, m.policy.on_exhaustion, m.policy.backoff_strategy
+(6, 'discard', 'exponential')
+>>> m.ok, round(m.fidelity.rows[0].new.mean, 1), round(m.fidelity.window_ratio, 2)
+(True, 16.5, 0.97)
 
 Dialects: ``from_sidekiq``, ``from_faktory``, ``from_celery``, ``from_dramatiq``,
 ``from_bullmq``, ``from_temporal``, ``from_queue_backoff``; ``migrate_path``

@@ -199,7 +199,8 @@ def compare(old: Sequence[Band], policy: RetryPolicy) -> Fidelity:
 
 
 def judged(old: Sequence[Band], policy: RetryPolicy, notes: Notes) -> Fidelity:
-    """``compare`` and a note with the verdict: ``approximate`` if faithful, else ``lossy``."""
+    """``compare`` and a note with the verdict: ``approximate`` if faithful (and a note on
+    ``hurried`` retries), else ``lossy``."""
     fidelity = compare(old, policy)
     worst = fidelity.worst
     if worst is None or fidelity.exact:
@@ -216,6 +217,9 @@ def judged(old: Sequence[Band], policy: RetryPolicy, notes: Notes) -> Fidelity:
                   f"{human_span(worst.new.mean)} where the source waits "
                   f"{human_span(worst.old.mean)}{ratio}; {window}; within tolerance "
                   f"({rule})")
+        if fidelity.hurried:
+            notes.add("approximate", None, fidelity.hurry() + ": under a minute off, yet "
+                      "more load on a failing downstream early on than the source puts on it")
         return fidelity
     strays = fidelity.strays
     what = [window]

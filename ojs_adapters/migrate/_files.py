@@ -275,7 +275,7 @@ def _from_row(spec: Dialect, row: Resolved, options: Mapping[str, Any]) -> Migra
                        for at, text in job.dynamic)
     return Migration(migration.dialect, migration.policy, migration.notes + notes,
                      migration.fidelity, migration.handler_codes, migration.name,
-                     migration.origin, migration.options)
+                     migration.origin, migration.options, app_wide=job.kind == "defaults")
 
 
 def _unreadable(origin: str, rule: str) -> OjsValidationError:

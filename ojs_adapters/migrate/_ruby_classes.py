@@ -4,15 +4,19 @@ A job class gets the app's defaults (``Sidekiq.default_job_options``,
 ``config[:max_retries]``), then, from its root ancestor down to itself, each class's
 included modules' options and its own: ``sidekiq_options`` merges into what is inherited.
 Names are looked up as Ruby looks constants up, from the innermost module outwards.
+A job is told which app-wide retry settings it takes, and where they are; the app-wide
+options that are not retry settings are said once, on their own row. The row of
+``Sidekiq.default_job_options``, what a job with no options of its own gets, takes the
+app's ``max_retries`` too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ojs_adapters.migrate._model import Note
-from ojs_adapters.migrate._ruby import RubyJob
+from ojs_adapters.migrate._ruby import DEFAULTS, RubyJob
+from ojs_adapters.migrate.sidekiq import RETRY_OPTIONS
 
 #: Superclasses of a framework or Ruby itself, never in an app's files.
 _OUTSIDE = {"Object", "BasicObject", "StandardError", "Struct"}
@@ -38,29 +42,49 @@ def resolve(found: list[tuple[str, RubyJob]]) -> list[Resolved]:
             named[job.name] = (named[job.name][0], _merged(named[job.name][1], job)) \
                 if job.name in named else (origin, job)
             pieces.setdefault(job.name, []).append((origin, job))
-    wide = [(origin, job) for origin, job in found if job.kind == "defaults"]
-    defaults: dict[str, Any] = {}
-    for _, job in wide:
-        defaults.update(job.options)
-    said = tuple(Note("info", None, f"Sidekiq-wide: {', '.join(job.options)} from {job.name} "
-                      f"({origin}:{job.line})") for origin, job in wide if job.options)
+    # Each app-wide retry setting with the entry that sets it last (Sidekiq's order).
+    wide: dict[str, tuple[str, RubyJob]] = {}
+    for origin, job in found:
+        if job.kind == "defaults":
+            wide.update({key: (origin, job) for key in job.options if key in RETRY_OPTIONS})
     included = {m for _, job in named.values() for m in _found(job.mixins, job, named)}
     rows: list[Resolved] = []
     done: set[str] = set()
     for origin, job in found:
-        if job.kind == "defaults" or job.name is None:
+        if job.kind == "defaults":
+            rows.append(_wide_row(origin, job, wide))
+        elif job.name is None:
             rows.append(Resolved(origin, job))
         elif job.name not in done:
             done.add(job.name)
-            row = _row(job.name, named, pieces, defaults, said, included)
+            row = _row(job.name, named, pieces, wide, included)
             if row is not None:
                 rows.append(row)
     return rows
 
 
+def _wide_row(origin: str, job: RubyJob, wide: dict[str, tuple[str, RubyJob]]) -> Resolved:
+    """An app-wide entry's row; ``Sidekiq.default_job_options``, the options a job with
+    none of its own starts from, also takes the app's ``max_retries``, as the jobs do."""
+    count = wide.get("max_retries")
+    if count is None or job.name == DEFAULTS[2] or "max_retries" in job.options:
+        return Resolved(origin, job)
+    options = {**job.options, "max_retries": count[1].options["max_retries"]}
+    return Resolved(origin, replace(job, options=options), _taken({"max_retries": count}))
+
+
+def _taken(wide: dict[str, tuple[str, RubyJob]]) -> tuple[Note, ...]:
+    """A note per app-wide entry naming the settings a row takes from it."""
+    by_entry: dict[tuple[str, int, str | None], list[str]] = {}
+    for key, (origin, entry) in wide.items():
+        by_entry.setdefault((origin, entry.line, entry.name), []).append(key)
+    return tuple(Note("info", None, f"Sidekiq-wide: {', '.join(keys)} from {name} "
+                      f"({origin}:{line})") for (origin, line, name), keys in by_entry.items())
+
+
 def _row(name: str, named: dict[str, tuple[str, RubyJob]],
-         pieces: dict[str, list[tuple[str, RubyJob]]], defaults: dict[str, Any],
-         said: tuple[Note, ...], included: set[str]) -> Resolved | None:
+         pieces: dict[str, list[tuple[str, RubyJob]]], wide: dict[str, tuple[str, RubyJob]],
+         included: set[str]) -> Resolved | None:
     origin, job = named[name]
     if job.kind == "module":
         if name in included or not (job.options or any(p.exhausted for _, p in pieces[name])):
@@ -75,8 +99,12 @@ def _row(name: str, named: dict[str, tuple[str, RubyJob]],
         parts.append(("inherited from" if entry.name != name else "", at, entry))
     if not any(entry.declared for _, _, entry in parts):
         return None
-    notes = list(said) if defaults else []
-    options = dict(defaults)
+    own = {key: value for _, _, entry in parts for key, value in entry.options.items()}
+    taken = {key: at for key, at in wide.items() if key not in own}
+    if own.get("retry", True) is not True:  # a count of its own: max_retries is not read
+        taken.pop("max_retries", None)
+    notes = list(_taken(taken))
+    options = {key: entry.options[key] for key, (_, entry) in taken.items()}
     exhausted: tuple[str, int] | None = None
     unsure: list[str] = []
     for how, at, entry in parts:

@@ -7,7 +7,7 @@ gives a positive number of seconds (Sidekiq calls ``to_i`` on it), ``:kill``
 the random term is added to a custom delay too. An answer is read from YAML or
 JSON (``30``, ``'3.days'``, ``'30 * (count + 1)'``, ``':kill'``, or a mapping
 of error class names to answers, ``'*'`` for the rest) or from a Ruby block
-``_ruby_block`` could read.
+``_ruby_block`` could read. ``offset_formula`` fits the default formula (Faktory's too).
 
 >>> read_retry_in({"Stripe::CardError": ":kill", "*": "30 * (count + 1)"}, (8, 1, 0),
 ...               []).per_error
@@ -16,9 +16,10 @@ of error class names to answers, ``'*'`` for the rest) or from a Ruby block
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ from ojs_adapters.durations import parse_duration
 from ojs_adapters.errors import OjsValidationError
 from ojs_adapters.migrate._arith import DURATION_UNITS, Formula, FormulaError, parse_formula
 from ojs_adapters.migrate._common import bad_option
+from ojs_adapters.migrate._fit import fit_schedule, fit_shape, schedule_fields
 from ojs_adapters.migrate._model import Band, Note
 from ojs_adapters.migrate._ruby_literals import Dynamic
 
@@ -37,6 +39,8 @@ SIDEKIQ_JITTER: tuple[tuple[tuple[int, int, int], int, bool], ...] = (
     ((6, 2, 2), 10, False),    # 6.2.2 to 7.x: rand(10) * (count + 1)
     ((0, 0, 0), 30, False),    # up to 6.2.1: rand(30) * (count + 1)
 )
+#: ojs-retry section 3.4: the coefficient for Sidekiq's ``count**4`` (Faktory's too).
+SPEC_COEFFICIENT = 4.0
 #: First version that understands ``:kill``/``:discard`` and jitters a custom delay.
 RESULT_SYMBOLS_SINCE = (6, 5, 2)
 #: The longest delay modelled (about 31 million years): keeps every figure finite.
@@ -64,6 +68,18 @@ def sidekiq_band(count: int, ver: Version, *, base: float | None = None) -> Band
     spread, scaled = next((s, k) for since, s, k in SIDEKIQ_JITTER if ver >= since)
     top = spread * (count + 1) - 1 if scaled else (spread - 1) * (count + 1)
     return Band(base, base + top, base + top / 2)
+
+
+def random_term(ver: Version) -> tuple[str, str]:
+    """Sidekiq's random term for ``ver`` as Ruby, and its mean in seconds.
+
+    >>> random_term((8, 1, 0))
+    ('rand(10 * (count + 1))', '5 * (count + 1) - 0.5')
+    """
+    spread, scaled = next((s, k) for since, s, k in SIDEKIQ_JITTER if ver >= since)
+    if scaled:  # an integer in [0, spread * (count + 1) - 1]
+        return f"rand({spread} * (count + 1))", f"{spread / 2:g} * (count + 1) - 0.5"
+    return f"rand({spread}) * (count + 1)", f"{(spread - 1) / 2:g} * (count + 1)"
 
 
 def block_delay(formula: Formula | None, count: int) -> tuple[float, float, float] | None:
@@ -169,3 +185,33 @@ def _seconds_of(value: Any, key: str) -> float:
                 pass
     raise bad_option(DIALECT, key, value, "must be seconds, a duration such as '3.days', "
                      "or an ISO 8601 duration")
+
+
+def offset_formula(old: Sequence[Band], retries: int, source: str
+                   ) -> tuple[dict[str, Any], str]:
+    """Sidekiq's and Faktory's default formula, ``count**4 + 15 + random``: the closest
+    schedule (``fit_schedule``), jitter on for the random term (ojs-retry section 13.2).
+
+    Section 3.4 names polynomial with coefficient 4.0 for it, but OJS has no constant
+    offset (the ``+ 15``): scaled to keep the window, that shape retries first after
+    well under a second, so it is used only where it is also the closest.
+    """
+    means = [b.mean for b in old]
+    fit = fit_schedule(means)
+    fields = schedule_fields(fit, retries, jitter=True)
+    text = (f"count**4 + 15 + random: fitted as {fit.describe()}, the OJS schedule closest "
+            f"retry by retry ({fit.error()}); jitter stands for the random term")
+    spec = fit_shape(means, "polynomial", SPEC_COEFFICIENT)
+    if (fit.strategy, fit.coefficient) != ("polynomial", SPEC_COEFFICIENT):
+        text += (f". Not section 3.4's polynomial with backoff_coefficient 4.0: OJS has no "
+                 f"constant offset (the + 15), so keeping the window that shape would retry "
+                 f"first after {spec.initial:g} s where {source} waits {means[0]:g} s")
+    early = list(itertools.takewhile(lambda pair: pair[0] < pair[1].low,
+                                     zip(fit.delays(len(old)), old, strict=True)))
+    if early:
+        said = ", ".join(f"retry {n} after {new:.3g} s where {source} waits at least "
+                         f"{band.low:g} s" for n, (new, band) in enumerate(early[:3], start=1))
+        text += (". No OJS schedule within tolerance keeps the first retries: "
+                 f"{said}{' ...' if len(early) > 3 else ''}")
+    return fields, text + f"; max_interval {fields['max_interval']} never binds (the source " \
+        "has no cap)"

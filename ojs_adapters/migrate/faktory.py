@@ -6,7 +6,7 @@ attempt and straight to the morgue. A payload *without* ``retry`` gets the
 default of 25 on Faktory 1.6.0 and later (faktory#385 made the field a
 pointer), but unmarshals to 0 (discarded) on earlier servers (faktory#144).
 The delay is ``count**4 + 15 + rand(30) * (count + 1)`` seconds, count from 0:
-Sidekiq's old formula, so it gets the same mapping (ojs-retry section 3.4).
+Sidekiq's old formula, so it gets the same fit (``_sidekiq_delay.offset_formula``).
 
 >>> [from_faktory({"retry": r}).policy.on_exhaustion for r in (25, 0, -1)]
 ['dead_letter', 'discard', 'dead_letter']
@@ -30,8 +30,8 @@ from ojs_adapters.migrate._common import (
     parse_version,
     policy_from,
 )
-from ojs_adapters.migrate._fit import spec_polynomial
 from ojs_adapters.migrate._model import Band, Migration
+from ojs_adapters.migrate._sidekiq_delay import offset_formula
 
 DIALECT = "faktory"
 #: Retries when the payload has no ``retry`` (client libraries and servers >= 1.6.0).
@@ -53,7 +53,7 @@ def from_faktory(options: Mapping[str, Any] | None, *, version: str | None = Non
 
     >>> m = from_faktory({"retry": 5})
     >>> (m.policy.max_attempts, m.policy.backoff_strategy)
-    (6, 'polynomial')
+    (6, 'exponential')
     """
     opts = normalize(options, DIALECT)
     notes = Notes()
@@ -66,7 +66,7 @@ def from_faktory(options: Mapping[str, Any] | None, *, version: str | None = Non
         fidelity = judged([], policy, notes)
         return Migration(DIALECT, policy, tuple(notes), fidelity, {}, name, origin, opts)
     old = [faktory_band(c) for c in range(compared(retries))]
-    shape, why = spec_polynomial([b.mean for b in old], retries)
+    shape, why = offset_formula(old, retries, "Faktory")
     policy = policy_from({"max_attempts": retries + 1, "on_exhaustion": "dead_letter", **shape})
     notes.add("approximate", "retry", "Faktory's delay " + why)
     notes.add("info", "retry", "exhausted jobs go to Faktory's Dead set: on_exhaustion "

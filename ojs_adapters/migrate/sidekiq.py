@@ -6,10 +6,12 @@ Sidekiq counts *retries* (``retry: 25`` is 26 attempts) and overloads ``retry``:
 exhausted jobs out of the dead set. ``retry_for`` (7.1.3+) limits retries by
 time; from 8.1 it replaces the count.
 
-The delay (``_sidekiq_delay``): Sidekiq's default formula gets the mapping
-ojs-retry section 3.4 names, polynomial with coefficient 4.0, with the initial
-interval that keeps the expected total retry window. A ``sidekiq_retry_in``
-formula is fitted, and the fit's error reported; ``:kill`` and ``:discard``
+The delay (``_sidekiq_delay``): Sidekiq's default formula gets the OJS
+schedule closest to it retry by retry (``offset_formula``; section 3.4's
+polynomial with coefficient 4.0 keeps the window only by retrying first after
+half a second, where Sidekiq waits at least 15 s). A ``sidekiq_retry_in``
+formula is fitted with the random term Sidekiq adds to it (since 6.5.2), and the
+fit's error reported; ``:kill`` and ``:discard``
 for an error class become ``non_retryable_errors`` (or a handler response
 code where they end elsewhere). ``Migration.fidelity`` compares the schedules.
 
@@ -18,9 +20,9 @@ code where they end elsewhere). ``Migration.fidelity`` compares the schedules.
 (1, 'dead_letter')
 >>> from_sidekiq({"retry": False}).policy.on_exhaustion
 'discard'
->>> p = from_sidekiq({"sidekiq_retry_in": "30 * (count + 1)"}).policy
->>> (p.backoff_strategy, p.initial_interval.total_seconds())
-('linear', 30.0)
+>>> p = from_sidekiq({"sidekiq_retry_in": "30 * (count + 1)"}, version="7.3").policy
+>>> (p.backoff_strategy, p.initial_interval.total_seconds())  # + rand(10) * (count + 1)
+('linear', 34.5)
 """
 
 from __future__ import annotations
@@ -28,13 +30,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from ojs_adapters.failure import HandlerCode
 from ojs_adapters.migrate._arith import Formula
 from ojs_adapters.migrate._common import (
     MAX_INTERVAL_S,
     MIN_INTERVAL_S,
     Notes,
-    compare,
     compared,
     get_bool,
     get_int,
@@ -45,23 +45,25 @@ from ojs_adapters.migrate._common import (
     parse_version,
     policy_from,
 )
-from ojs_adapters.migrate._fit import Fit, fit_schedule, schedule_fields, spec_polynomial
+from ojs_adapters.migrate._fit import fit_schedule, schedule_fields
 from ojs_adapters.migrate._model import Band, Migration
 from ojs_adapters.migrate._ruby_literals import Dynamic
 from ojs_adapters.migrate._sidekiq_delay import (
     RESULT_SYMBOLS_SINCE,
     SIDEKIQ_JITTER,
-    Answer,
     RetryIn,
     Version,
     block_delay,
+    offset_formula,
+    random_term,
     read_retry_in,
     seconds_of,
     sidekiq_band,
     source_band,
 )
+from ojs_adapters.migrate._sidekiq_errors import per_error
 
-__all__ = ["DEFAULT_RETRIES", "SIDEKIQ_JITTER", "from_sidekiq", "sidekiq_band"]
+__all__ = ["DEFAULT_RETRIES", "RETRY_OPTIONS", "SIDEKIQ_JITTER", "from_sidekiq", "sidekiq_band"]
 
 DIALECT = "sidekiq"
 #: The version assumed when none is given.
@@ -73,7 +75,9 @@ RETRY_FOR_WINS_SINCE = (8, 1, 0)
 #: Retries ``retry_for`` is checked against: past them a window counts as unbounded.
 _WINDOW_LIMIT = 10_000
 
-_KNOWN = {"retry", "dead", "retry_for", "sidekiq_retry_in", "retry_in", "max_retries"}
+#: The options a translation reads; any other is left out with a note.
+RETRY_OPTIONS = frozenset({"retry", "dead", "retry_for", "sidekiq_retry_in", "retry_in",
+                           "max_retries"})
 
 
 def from_sidekiq(options: Mapping[str, Any] | None, *, version: str | None = None,
@@ -82,12 +86,12 @@ def from_sidekiq(options: Mapping[str, Any] | None, *, version: str | None = Non
 
     >>> m = from_sidekiq({"retry": 5, "dead": False}, version="7.3")
     >>> (m.policy.max_attempts, m.policy.on_exhaustion, m.policy.backoff_strategy)
-    (6, 'discard', 'polynomial')
+    (6, 'discard', 'exponential')
     """
     opts = normalize(options, DIALECT)
     notes = Notes()
     ver = _version(version, notes)
-    note_ignored(opts, _KNOWN, notes)
+    note_ignored(opts, RETRY_OPTIONS, notes)
     dynamic = [k for k in ("retry", "dead", "retry_for", "max_retries")
                if isinstance(opts.get(k), Dynamic)]
     if dynamic:
@@ -117,7 +121,7 @@ def from_sidekiq(options: Mapping[str, Any] | None, *, version: str | None = Non
 
 def _finish(opts: dict[str, Any], notes: Notes, retries: int, exhaust: str, retry_in: RetryIn,
             ver: Version, name: str | None, origin: str | None) -> Migration:
-    non_retryable, codes = _per_error(retry_in, retries, exhaust, notes)
+    non_retryable, codes = per_error(retry_in, retries, exhaust, notes)
     fields: dict[str, Any] = {"max_attempts": retries + 1, "on_exhaustion": exhaust,
                               "non_retryable_errors": non_retryable}
     old: list[Band] = []
@@ -130,45 +134,6 @@ def _finish(opts: dict[str, Any], notes: Notes, retries: int, exhaust: str, retr
     return Migration(DIALECT, policy, tuple(notes), fidelity, codes, name, origin, opts)
 
 
-def _per_error(retry_in: RetryIn, retries: int, exhaust: str, notes: Notes
-               ) -> tuple[list[str], dict[str, HandlerCode]]:
-    """Per-error answers: ``non_retryable_errors``, handler codes, and what is lost."""
-    non_retryable: list[str] = []
-    codes: dict[str, HandlerCode] = {}
-    if retries == 0 and retry_in.per_error:
-        notes.add("info", "sidekiq_retry_in", "per-error answers are never asked for: with no "
-                  "retries the job ends at its first failure")
-    for error, answer in retry_in.per_error.items() if retries else ():
-        if answer not in ("kill", "discard"):
-            if answer != retry_in.default:
-                notes.add("lossy", "sidekiq_retry_in", f"{_said(answer)} for {error} only: an "
-                          "OJS policy has one schedule for all errors, so the policy uses "
-                          f"{_said(retry_in.default)} for {error} too")
-            continue
-        ends = "dead_letter" if answer == "kill" and exhaust == "dead_letter" else "discard"
-        if ends == exhaust:
-            non_retryable.append(error)
-            continue
-        codes[error] = "DEAD_LETTER" if ends == "dead_letter" else "DISCARD"
-        notes.add("approximate", "sidekiq_retry_in",
-                  f":{answer} for {error}: the handler must raise "
-                  f"JobError({error!r}, code={codes[error]!r}); the policy alone sends "
-                  f"non-retryable errors to on_exhaustion={exhaust!r}")
-    if non_retryable:
-        notes.add("info", "sidekiq_retry_in",
-                  f"non_retryable_errors {', '.join(non_retryable)}: the block ends the job at "
-                  f"once for these, where on_exhaustion {exhaust!r} puts it too. Names are kept "
-                  "as written: handlers must raise these types, e.g. "
-                  f"JobError({non_retryable[0]!r}, ...)")
-    return non_retryable, codes
-
-
-def _said(answer: Answer) -> str:
-    if isinstance(answer, Formula):
-        return f"the delay {answer.text}"
-    return "Sidekiq's default delay" if answer is None else f":{answer}"
-
-
 def _schedule(formula: Formula | None, retries: int, ver: Version, notes: Notes
               ) -> tuple[dict[str, Any], list[Band]]:
     """Policy fields for the delay and Sidekiq's own bands, one per compared retry."""
@@ -179,57 +144,47 @@ def _schedule(formula: Formula | None, retries: int, ver: Version, notes: Notes
             notes.add("info", "sidekiq_retry_in", f"{formula.text} gives no positive delay, so "
                       "Sidekiq uses its default formula throughout")
         old = [sidekiq_band(c, ver) for c in range(count)]
-        fields, why = spec_polynomial([b.mean for b in old], retries)
+        fields, why = offset_formula(old, retries, "Sidekiq")
         notes.add("approximate", "retry", "Sidekiq's delay " + why)
         notes.add("approximate", "retry",
                   "Sidekiq's random term is added seconds; OJS jitter multiplies the delay by "
                   "[0.5, 1.5), a wider spread in absolute terms")
         return fields, old
-    targets = [min(max(o[1], MIN_INTERVAL_S), MAX_INTERVAL_S) if o is not None
-               else float(c ** 4 + 15) for c, o in enumerate(own)]
-    fit = fit_schedule(targets)
+    # What Sidekiq waits on average: the block's delay plus, since 6.5.2, its random term
+    # (and its default formula, random term included, where the block gives none).
+    bands = [source_band(formula, c, ver) for c in range(count)]
+    fit = fit_schedule([min(max(b.mean, MIN_INTERVAL_S), MAX_INTERVAL_S) for b in bands])
     said = f"the block's delay {formula.text}"
-    if fit.exact:
+    if ver >= RESULT_SYMBOLS_SINCE:
+        term, mean = random_term(ver)
+        said += f" plus the {term} Sidekiq adds to it (since 6.5.2; {mean} s on average)"
+    random = any(b.low < b.high for b in bands)
+    if fit.exact and not random:
         notes.add("info", "sidekiq_retry_in", f"{said} is exactly {fit.describe()}")
+    elif fit.exact:
+        notes.add("approximate", "sidekiq_retry_in", f"{said} is random; its mean is exactly "
+                  f"{fit.describe()}")
     else:
-        notes.add("approximate", "sidekiq_retry_in", f"{said} has no exact OJS shape; fitted "
-                  f"as {fit.describe()}, keeping its total ({fit.error()} against the block)")
+        notes.add("approximate", "sidekiq_retry_in", f"{said} has no exact OJS shape; its "
+                  f"mean fitted as {fit.describe()}, the OJS schedule closest retry by retry "
+                  f"({fit.error()})")
     fallback = [c + 1 for c, o in enumerate(own) if o is None]
     if fallback:
         shown = ", ".join(map(str, fallback[:5])) + (" ..." if len(fallback) > 5 else "")
         notes.add("info", "sidekiq_retry_in", f"no positive delay from the block before retry "
                   f"{shown}: Sidekiq uses its default formula there, and so does the fit")
-    if formula.random:
-        notes.add("approximate", "sidekiq_retry_in", "the block's rand terms count at their "
-                  "expected value; the policy has jitter off")
-    bands = [source_band(formula, c, ver) for c in range(count)]
-    fields = schedule_fields(fit, retries, jitter=False)
-    if ver >= RESULT_SYMBOLS_SINCE:
-        fields = _with_random_term(fields, fit, bands, retries, notes)
+    fields = schedule_fields(fit, retries, jitter=random)
+    if random:
+        first, new = bands[0], fit.initial
+        why = " and ".join(w for w, on in (("the block's rand", formula.random),
+                                           ("Sidekiq's random term", ver >= RESULT_SYMBOLS_SINCE
+                                            or fallback)) if on)
+        notes.add("approximate", "sidekiq_retry_in",
+                  f"{why} {'spread' if ' and ' in why else 'spreads'} the retries: the "
+                  "policy keeps a spread with jitter on, but "
+                  f"OJS jitter multiplies the delay by [0.5, 1.5) (retry 1: {new * 0.5:.3g} to "
+                  f"{new * 1.5:.3g} s where Sidekiq waits {first.low:g} to {first.high:g} s)")
     return fields, bands
-
-
-def _with_random_term(fields: dict[str, Any], fit: Fit, bands: list[Band], retries: int,
-                      notes: Notes) -> dict[str, Any]:
-    """The block's own fit where it keeps Sidekiq's schedule; else a fit of what Sidekiq
-    waits on average (the block's delay plus its random term, which it adds since 6.5.2)."""
-    def keeps(shape: dict[str, Any]) -> bool:
-        return compare(bands, policy_from({**shape, "max_attempts": retries + 1})).faithful
-
-    if not keeps(fields):
-        means = fit_schedule([min(max(b.mean, MIN_INTERVAL_S), MAX_INTERVAL_S) for b in bands])
-        refit = schedule_fields(means, retries, jitter=False)
-        if keeps(refit):  # lost by the random term, not by its shape
-            notes.add("approximate", "sidekiq_retry_in",
-                      f"Sidekiq adds its random term to the block's delay, and "
-                      f"{fit.describe()} alone would wait too little; the policy is fitted to "
-                      f"the expected sum instead: {means.describe()} ({means.error()}; "
-                      "jitter off)")
-            return refit
-    notes.add("approximate", "sidekiq_retry_in",
-              "Sidekiq adds its random term to the block's delay; the OJS policy waits the "
-              "fitted delay exactly (jitter off)")
-    return fields
 
 
 def _version(version: str | None, notes: Notes) -> Version:
@@ -247,7 +202,8 @@ def _retries(opts: dict[str, Any], exhaust: str, notes: Notes, *, quiet: bool) -
     value = opts.get("retry")
     if value is None or value is True:
         if value is None and not quiet:
-            notes.add("info", "retry", f"not set: Sidekiq's default of {default} retries "
+            whose = "the app's max_retries" if "max_retries" in opts else "Sidekiq's default"
+            notes.add("info", "retry", f"not set: {whose} of {default} retries "
                       f"({default + 1} attempts)")
         return default
     if value is False:

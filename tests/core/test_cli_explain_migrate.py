@@ -87,7 +87,65 @@ def test_migrate_prints_policy_notes_and_fidelity(tmp_path: Path) -> None:
                      result.output)
     assert "approximate: retry:" in result.output
     assert "Old delay" in result.output
-    assert "verdict: ok" in result.output  # the spec's mapping keeps the window (issue 16)
+    assert "verdict: ok" in result.output  # every retry within 1.5x, the first after 16 s
+
+
+def test_migrate_verdict_flags_early_retries_much_sooner() -> None:
+    """Sidekiq's 25 retries: the closest schedule within tolerance still retries first after
+    1.76 s where Sidekiq waits 19.5 s. Under a minute off, so not lossy (exit 0, ok), but
+    not 'ok' either: 'approximate', with the numbers, in the verdict line and the JSON."""
+    result = run("migrate", "--from", "sidekiq", "-", "--version", "8.1", input="retry: 25")
+    assert result.exit_code == 0, result.output
+    assert ("verdict: approximate: retry 1 comes more than 2.5x sooner than the source's: "
+            "1.76s where it waits 19.5s (0.09x)") in " ".join(result.output.split())
+    result = run("migrate", "--from", "sidekiq", "-", "--version", "8.1", "--json",
+                 input="retry: 25")
+    [m] = json.loads(result.output)["migrations"]
+    assert (m["ok"], m["verdict"], m["fidelity"]["hurried"]) == (True, "approximate", [1])
+    assert any(n["severity"] == "approximate" and "2.5x sooner" in n["text"]
+               for n in m["notes"])
+    result = run("migrate", "--from", "sidekiq", "-", "--json", input="retry: 5")
+    [m] = json.loads(result.output)["migrations"]
+    assert (m["ok"], m["verdict"], m["fidelity"]["hurried"]) == (True, "ok", [])
+
+
+def test_app_wide_defaults_take_the_apps_max_retries_and_are_counted_apart(
+        tmp_path: Path) -> None:
+    """The trial's layout: sidekiq.yml sets :max_retries: 8, an initializer sets
+    Sidekiq.default_job_options. That row, the app's default for a job with no options,
+    said 'Sidekiq's default of 25 retries' where the jobs got 8; every job repeated
+    'Sidekiq-wide: backtrace' (not a retry setting); the summary counted the two app-wide
+    rows as jobs."""
+    (tmp_path / "app" / "jobs").mkdir(parents=True)
+    (tmp_path / "config" / "initializers").mkdir(parents=True)
+    (tmp_path / "config" / "sidekiq.yml").write_text(
+        "---\n:concurrency: 5\n:max_retries: 8\n:queues:\n  - default\n")
+    (tmp_path / "config" / "initializers" / "sidekiq.rb").write_text(
+        "Sidekiq.default_job_options = { 'backtrace' => true }\n")
+    (tmp_path / "app" / "jobs" / "jobs.rb").write_text(
+        "class PlainJob\n  include Sidekiq::Job\nend\n"
+        "class FiveJob\n  include Sidekiq::Job\n  sidekiq_options retry: 5\nend\n"
+        "class CodeJob\n  include Sidekiq::Job\n  sidekiq_retry_in { |c, e| e.wait }\nend\n")
+    sources = (str(tmp_path / "app"), str(tmp_path / "config"))
+    result = run("migrate", "--from", "sidekiq", *sources, "--json")
+    found = {m["name"]: m for m in json.loads(result.output)["migrations"]}
+    wide = found["Sidekiq.default_job_options"]
+    assert wide["policy"]["max_attempts"] == 9 and wide["app_wide"] is True
+    assert found["Sidekiq[:max_retries]"]["app_wide"] is True
+    said = [n["text"] for n in wide["notes"]]
+    assert any("Sidekiq-wide: max_retries from Sidekiq[:max_retries]" in t
+               and t.endswith("sidekiq.yml:3)") for t in said)
+    assert "not set: the app's max_retries of 8 retries (9 attempts)" in " ".join(said)
+    assert sum("backtrace" in t for t in said) == 1  # said once, on its own row
+    for name in ("PlainJob", "FiveJob", "CodeJob"):
+        assert found[name]["app_wide"] is False
+        assert not any("backtrace" in n["text"] for n in found[name]["notes"]), name
+    assert found["PlainJob"]["policy"]["max_attempts"] == 9
+    assert any("max_retries from" in n["text"] for n in found["PlainJob"]["notes"])
+    assert not any("max_retries" in n["text"] for n in found["FiveJob"]["notes"])  # retry: 5
+    human = run("migrate", "--from", "sidekiq", *sources)
+    assert human.exit_code == 3  # CodeJob's block is code
+    assert "3 jobs, 2 app-wide defaults migrated: 1 lossy" in human.output
 
 
 def test_migrate_reads_app_and_config_as_one_run(tmp_path: Path) -> None:

@@ -418,7 +418,7 @@ def test_migration_json_is_plain() -> None:
     "ojs_adapters.migrate.bullmq", "ojs_adapters.migrate.temporal",
     "ojs_adapters.migrate.queue_backoff", "ojs_adapters.cli", "ojs_adapters.cli._io",
     "ojs_adapters.migrate._arith", "ojs_adapters.migrate._ruby_block",
-    "ojs_adapters.migrate._sidekiq_delay",
+    "ojs_adapters.migrate._sidekiq_delay", "ojs_adapters.migrate._sidekiq_errors",
 ])
 def test_docstring_examples_run(module: str) -> None:
     import doctest

@@ -15,12 +15,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ojs_adapters.backoff import raw_delay
-from ojs_adapters.migrate import Band, Fidelity, FidelityRow
+from ojs_adapters.migrate import Band, Fidelity, FidelityRow, Migration, Note
 from ojs_adapters.migrate._arith import FormulaError, parse_formula
 from ojs_adapters.migrate._common import MIN_INTERVAL_S
 from ojs_adapters.migrate._fit import fit_schedule, fit_shape
 from ojs_adapters.migrate._model import RETRY_TOLERANCE, SLACK_S, WINDOW_TOLERANCE
 from ojs_adapters.migrate._ruby_block import read_block
+from ojs_adapters.policy import RetryPolicy
 
 delays = st.lists(st.floats(0.05, 1e6), min_size=1, max_size=30)
 
@@ -52,6 +53,23 @@ def test_a_shape_ojs_can_say_is_found_exactly(strategy: str, initial_ms: int,
     assert fit.initial == pytest.approx(initial_ms / 1000, rel=1e-3)
 
 
+@settings(max_examples=40, deadline=None)
+@given(targets=delays, strategy=st.sampled_from(["none", "linear", "exponential",
+                                                 "polynomial"]),
+       coefficient=st.floats(1.0, 4.0))
+def test_the_closest_fit_is_no_farther_than_any_window_keeping_one(
+        targets: list[float], strategy: str, coefficient: float) -> None:
+    """Among the schedules within tolerance, the fit's measure (the worst per-retry log
+    ratio, a sooner retry counting SOONER_WEIGHT times) is never worse than that of a
+    shape scaled to keep the window (what the fit was before), beyond the 1% a simpler
+    shape may give away."""
+    fit = fit_schedule(targets)
+    other = fit_shape(targets, strategy, round(coefficient, 2))  # type: ignore[arg-type]
+    if other.within:
+        assert fit.within
+        assert fit.cost <= other.cost + math.log(1.01) + 1e-6
+
+
 @settings(max_examples=60, deadline=None)
 @given(old=st.lists(st.floats(SLACK_S * 4, 1e6), min_size=1, max_size=20),
        factor=st.floats(0.2, 5.0))
@@ -72,10 +90,32 @@ def test_a_scaled_schedule_is_faithful_exactly_within_tolerance(old: list[float]
 
 
 def test_short_delays_are_not_judged_by_ratio() -> None:
-    """0.8 s for 19.5 s is ratio 0.04 but 19 s: under SLACK_S, not a stray."""
+    """0.8 s for 19.5 s is ratio 0.04 but 19 s: under SLACK_S, not a stray; it is hurried."""
     row = FidelityRow(1, Band(15, 24, 19.5), Band(0.41, 1.23, 0.82))
     assert Fidelity((row,)).strays == ()
     assert Fidelity((row,)).faithful  # the window differs by 19 s only
+    assert Fidelity((row,)).hurried == (row,)
+
+
+@settings(max_examples=80, deadline=None)
+@given(old=st.floats(0.5, 600.0), factor=st.floats(0.01, 10.0))
+def test_a_retry_much_sooner_is_hurried_whatever_the_seconds(old: float, factor: float) -> None:
+    """The slack excuses a short delay that comes later, not one that comes much sooner:
+    a retry more than RETRY_TOLERANCE sooner is a stray past SLACK_S, else hurried, and
+    hurried is not lossy (the schedule stays faithful) but the verdict is approximate."""
+    new = old * factor
+    assume(abs(factor * RETRY_TOLERANCE - 1) > 1e-9 and abs(abs(new - old) - SLACK_S) > 1e-9)
+    row = FidelityRow(1, Band(old, old, old), Band(new, new, new))
+    fidelity = Fidelity((row,))
+    sooner = factor < 1 / RETRY_TOLERANCE
+    assert bool(fidelity.hurried) == (sooner and old - new <= SLACK_S)
+    assert bool(fidelity.strays) == (abs(math.log(factor)) > math.log(RETRY_TOLERANCE)
+                                     and abs(new - old) > SLACK_S)
+    policy = RetryPolicy.from_dict({"max_attempts": 2, "initial_interval": "PT1S"})
+    m = Migration("sidekiq", policy, (Note("approximate", None, "x"),), fidelity)
+    assert m.verdict == ("lossy" if not fidelity.faithful else
+                         "approximate" if fidelity.hurried else "ok")
+    assert m.ok == fidelity.faithful
 
 
 ints = st.integers(-50, 50)

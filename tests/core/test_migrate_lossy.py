@@ -120,17 +120,17 @@ def test_sidekiqs_random_term_on_a_block_is_kept_in_the_fit() -> None:
         [m] = out["migrations"]
         assert m["fidelity"]["faithful"] is True
         assert m["fidelity"]["window_ratio"] == pytest.approx(1.0, abs=0.05)
-        assert any("fitted to the expected sum" in n["text"] for n in m["notes"])
+        assert any("Sidekiq adds to it (since 6.5.2" in n["text"] for n in m["notes"])
     code, out = migrate_json("sidekiq", '{"sidekiq_retry_in": 30}', "--version", "8.1")
     assert code == 0, out  # a constant 30 s under a random term growing to 250 s: refitted
     code, out = migrate_json("sidekiq", '{"sidekiq_retry_in": "30 * (count + 1)"}',
                              "--version", "8.1")
-    [m] = out["migrations"]  # the block alone keeps the window: its own shape stays
-    assert m["policy"]["initial_interval"] == "PT30S" and code == 0
+    [m] = out["migrations"]  # 30 s * n plus 5 s * n - 0.5 s on average
+    assert m["policy"]["initial_interval"] == "PT34.819S" and code == 0
     code, out = migrate_json("sidekiq", '{"retry": 10, "sidekiq_retry_in": '
                              '"count % 2 * 600 + 5"}', "--version", "8.1")
-    [m] = out["migrations"]  # lost by its shape: no refit, and no word of one
-    assert code == 3 and not any("expected sum" in n["text"] for n in m["notes"])
+    [m] = out["migrations"]  # lost by its shape, random term or not
+    assert code == 3
 
 
 # -- the Sidekiq cases of the issue ------------------------------------------------------
@@ -155,10 +155,11 @@ def test_kill_for_an_error_class_becomes_non_retryable_and_the_formula_is_kept()
     # :kill sends the job to the dead set at once: non-retryable, on_exhaustion dead_letter.
     assert policy["non_retryable_errors"] == ["Stripe::CardError"]
     assert policy["on_exhaustion"] == "dead_letter"
-    # 30 * (count + 1) is ojs-retry section 3.2's linear strategy, initial_interval 30 s.
-    assert (policy["backoff_strategy"], policy["initial_interval"]) == ("linear", "PT30S")
+    # 30 * (count + 1) plus Sidekiq's random term, 5 * (count + 1) - 0.5 s on average: linear.
+    assert (policy["backoff_strategy"], policy["initial_interval"]) == ("linear", "PT34.819S")
     assert policy["max_attempts"] == 26
-    assert any("is exactly linear 30 s * n" in n["text"] for n in m["notes"])
+    assert any("30 * (count + 1) plus the rand(10 * (count + 1)) Sidekiq adds" in n["text"]
+               for n in m["notes"])
     assert m["ok"] is True and m["lossy"] is False
 
 
@@ -179,19 +180,18 @@ def test_a_custom_formula_is_fitted_and_its_error_stated() -> None:
     code, out = migrate_json("sidekiq", '{"sidekiq_retry_in": "count ** 2 * 60"}')
     [m] = out["migrations"]
     assert code == 0 and m["policy"]["backoff_strategy"] == "polynomial"
-    [fit] = [n for n in m["notes"] if "fitted as polynomial" in n["text"]]
+    [fit] = [n for n in m["notes"] if "mean fitted as polynomial" in n["text"]]
     assert "worst per-retry ratio" in fit["text"] and "total window" in fit["text"]
     # count 0 gives 0 s, so Sidekiq uses its default formula there; the fit says so.
     assert any("before retry 1" in n["text"] for n in m["notes"])
 
 
-def test_the_default_formula_keeps_sidekiqs_20_day_window() -> None:
+def test_the_default_formula_keeps_sidekiqs_20_day_window_within_tolerance() -> None:
     code, out = migrate_json("sidekiq", "retry: true", "--version", "8.1")
     assert code == 0
     [m] = out["migrations"]
-    assert (m["policy"]["backoff_strategy"], m["policy"]["backoff_coefficient"]) == \
-        ("polynomial", 4.0)
+    assert m["policy"]["backoff_strategy"] == "polynomial"
     fidelity = m["fidelity"]
     assert fidelity["old_total_seconds"] / 86_400 == pytest.approx(20.4, abs=0.1)
-    assert fidelity["new_total_seconds"] / 86_400 == pytest.approx(20.4, abs=0.1)
+    assert fidelity["new_total_seconds"] / 86_400 > 20.4 / 1.25
     assert fidelity["faithful"] is True
