@@ -16,6 +16,7 @@ management API lists that fits one of the app's dead-letter templates.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -117,14 +118,16 @@ class KombuDeadLetters:
 
     def remove(self, letters: Sequence[DeadLetter]) -> list[str]:
         removed: list[str] = []
-        for dead, original, wanted in self._held_where(letters):
+        for dead, original, here in self._held_where(letters):
+            # One message per letter named: two copies of one dead letter are two letters.
+            wanted = Counter(x.key for x in letters if x.key in here)
             if not wanted:
                 continue
             with self._held(dead) as (_channel, held):
                 for message in held:
                     key = self._letter(message, original).key
-                    if key in wanted:
-                        wanted.discard(key)
+                    if wanted[key] > 0:
+                        wanted[key] -= 1
                         message.ack()
                         removed.append(key)
         return removed

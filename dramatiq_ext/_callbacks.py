@@ -9,6 +9,7 @@ stands for a failed attempt (``failed=True``: lost with its worker, unreadable s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -26,13 +27,15 @@ def quiet_unrun(middleware: Middleware) -> None:
     too) so that a delivery ``AttemptConsumed`` stopped unrun sends no ``on_failure``."""
     if not isinstance(middleware, Callbacks) or vars(middleware).get(_WRAPPED):
         return
-    hook: Callable[..., None] = middleware.after_process_message
-
-    def after_process_message(broker: Broker, message: MessageProxy, *, result: Any = None,
-                              exception: BaseException | None = None) -> None:
-        if isinstance(exception, AttemptConsumed) and not exception.failed:
-            return
-        hook(broker, message, result=result, exception=exception)
-
-    vars(middleware)["after_process_message"] = after_process_message
+    vars(middleware)["after_process_message"] = functools.partial(_after, middleware)
     vars(middleware)[_WRAPPED] = True
+
+
+def _after(middleware: Middleware, broker: Broker, message: MessageProxy, *,
+           result: Any = None, exception: BaseException | None = None) -> None:
+    """The class's hook, looked up at each call (a patched class still counts), unless
+    ``exception`` stopped the delivery unrun."""
+    if isinstance(exception, AttemptConsumed) and not exception.failed:
+        return
+    hook: Callable[..., None] = type(middleware).after_process_message
+    hook(middleware, broker, message, result=result, exception=exception)

@@ -19,6 +19,7 @@ says which it was.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -114,11 +115,12 @@ class RabbitmqDeadLetters:
     def remove(self, letters: Sequence[DeadLetter]) -> list[str]:
         removed: list[str] = []
         for name in sorted({x.queue for x in letters}):
-            wanted = {x.key for x in letters if x.queue == name}
+            # One message per letter named: two copies of one dead letter are two letters.
+            wanted = Counter(x.key for x in letters if x.queue == name)
             with self._held(name) as (channel, held):
                 for h in held:
-                    if h.key in wanted:
-                        wanted.discard(h.key)
+                    if wanted[h.key] > 0:
+                        wanted[h.key] -= 1
                         channel.basic_ack(h.tag)
                         removed.append(h.key)
         return removed

@@ -9,8 +9,9 @@ queue or a thread if it calls out). A failing hook is logged, never raised. A jo
 whose dead letter is published again after a crash may be reported twice.
 
 ``DeadLetterDepth`` is a Prometheus collector of ``ojs_dead_letter_depth{framework,queue}``
-read at scrape time from a function (the console's backend counts on the broker),
-so an alert can fire when a queue grows: ``ojs-retry web`` serves it at ``/metrics``.
+(and ``ojs_dead_letter_depth_error{framework}``, 1 when the read failed) read at scrape
+time from a function (the console's backend counts on the broker), so an alert can fire
+when a queue grows: ``ojs-retry web`` serves it at ``/metrics``.
 
 >>> seen = []
 >>> hook = on_dead_letter(seen.append)

@@ -144,7 +144,8 @@ def job(request: Request, console: Console) -> Response:
 
 
 def metrics(request: Request) -> Response:
-    """``ojs_dead_letter_depth{framework,queue}`` in the Prometheus text format."""
+    """``ojs_dead_letter_depth{framework,queue}`` and ``ojs_dead_letter_depth_error`` in the
+    Prometheus text format."""
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
     from ojs_adapters.runtime.alerts import DeadLetterDepth

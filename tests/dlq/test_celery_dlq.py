@@ -14,6 +14,7 @@ import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from click.testing import CliRunner
+from kombu import Queue
 
 from celery_ext import DEAD_LETTER_HEADER, HEADER, OjsTask, get_job_record
 from celery_ext._dlq_common import shared
@@ -322,3 +323,31 @@ def test_a_fixed_dead_letter_queue_name_is_shared_even_if_it_looks_like_a_queue_
     assert not shared("b.dead_letter", "b", templates)
     assert not shared("b.dead_letter", "b", ["{queue}.dead_letter"])
     assert shared("dead_letters", "b", ["{queue}.dead_letter", "dead_letters"])
+
+
+@pytest.mark.broker
+def test_two_copies_of_one_dead_letter_are_both_deleted_on_amqp(jobs: Jobs) -> None:
+    """A dead letter published again after a crash sits twice in a RabbitMQ dead-letter queue
+    with one key: a delete by id removes both copies and reports both, none as gone."""
+    if jobs.broker.name != "amqp":
+        pytest.skip("the kombu store's one-message-per-key reading is RabbitMQ's")
+    queue = jobs.free.pop()
+    sent = jobs.tasks[0].apply_async((4,), queue=queue)
+    dead = f"{queue}.dead_letter"
+    wait_for(lambda: jobs.size([dead]) == 1, "the dead letter")
+    with jobs.app.connection_for_write() as connection:
+        channel = connection.default_channel
+        original = Queue(dead, no_declare=True)(channel).get(no_ack=False)
+        producer = connection.Producer(channel)
+        producer.publish(original.body, exchange="", routing_key=dead,
+                         headers=original.headers, content_type=original.content_type,
+                         content_encoding=original.content_encoding, serializer=None)
+        original.requeue()
+    wait_for(lambda: jobs.size([dead]) == 2, "two copies")
+    dlq = dead_letter_queue(jobs.app, queues=[queue])
+    try:
+        report = dlq.delete([sent.id])
+        assert report.deleted == (sent.id, sent.id) and report.skipped == ()
+        assert jobs.size([dead]) == 0
+    finally:
+        dlq.close()

@@ -192,3 +192,18 @@ def test_core_and_cli_never_import_a_framework() -> None:
             "('celery', 'dramatiq', 'kombu', 'celery_ext', 'dramatiq_ext')]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_store_whose_remove_still_returns_a_count_is_named(
+        store: MemoryDeadLetterStore) -> None:
+    """``remove`` returns keys now; a store written for the count it returned before gets a
+    clear ``TypeError`` naming it, not a ``Counter`` traceback (and no letter is misreported)."""
+    class Counting(MemoryDeadLetterStore):
+        def remove(self, letters):  # type: ignore[no-untyped-def]
+            return len(super().remove(letters))
+
+    counting = Counting()
+    counting.add(letter(1))
+    with pytest.raises(TypeError, match=r"Counting\.remove returned a count"):
+        DeadLetters(counting).delete(["job-1"])
+    assert not DeadLetters(store).delete(["no-such-job"])  # bool: nothing removed

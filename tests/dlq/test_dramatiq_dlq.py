@@ -323,3 +323,27 @@ def test_a_dead_message_dramatiq_cannot_decode_is_listed_and_deletable_not_in_th
         assert dlq.list(DeadLetterFilter(queue=env.queue)).total == 0
     finally:
         dlq.close()
+
+
+@pytest.mark.broker
+def test_two_copies_of_one_dead_letter_are_both_deleted(seen_env: Env) -> None:
+    """A dead letter published again after a crash sits twice in ``.XQ`` with one key: a
+    delete by id removes both copies and reports both, none as gone."""
+    env = seen_env
+    if env.kind != "rabbitmq":
+        pytest.skip("only a RabbitMQ .XQ holds two messages with one key")
+    actor = env.actor(lambda: None)
+    actor.send()  # declares the queue and its .XQ (no worker runs it)
+    message = actor.message()
+    for _ in range(2):
+        env.broker.channel.basic_publish(exchange="", routing_key=f"{env.queue}.XQ",
+                                         body=message.encode())
+    dlq = dead_letter_queue(env.broker, queues=[env.queue])
+    try:
+        wait_for(lambda: dlq.list(DeadLetterFilter(queue=env.queue)).total == 2, "two copies")
+        report = dlq.delete([message.message_id])
+        assert report.deleted == (message.message_id, message.message_id)
+        assert report.skipped == ()
+        assert dlq.list(DeadLetterFilter(queue=env.queue)).total == 0
+    finally:
+        dlq.close()

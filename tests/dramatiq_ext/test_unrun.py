@@ -5,6 +5,7 @@ Each runs a real worker on StubBroker, Redis and RabbitMQ (records in ``Results`
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -190,10 +191,11 @@ def test_an_error_a_middleware_raises_before_admission_is_still_a_failed_attempt
 
 
 def test_a_duplicate_stopped_unrun_sends_no_on_failure_a_failed_attempt_does(
-        env: Env) -> None:
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
     """Dramatiq's ``Callbacks`` sends ``on_failure`` for every failed attempt; a copy of a
     finished attempt (its ack lost) that OjsRetries drops unrun is no failure, as natively
     (where it would simply run again), so no ``on_failure`` goes out for it."""
+    caplog.set_level(logging.INFO)
     failures: list[str] = []
 
     def failed(message: dict[str, Any], error: dict[str, str]) -> None:
@@ -207,7 +209,11 @@ def test_a_duplicate_stopped_unrun_sends_no_on_failure_a_failed_attempt_does(
     env.start()
     assert env.wait_record(sent.message_id).state == "completed"
     env.broker.enqueue(sent)  # the first attempt's copy again, as after a lost ack
-    time.sleep(1.0)
+    deadline = time.monotonic() + 20
+    while "Dropping a duplicate" not in caplog.text:  # the copy was judged and stopped
+        assert time.monotonic() < deadline, "the copy was never judged"
+        time.sleep(0.02)
+    time.sleep(1.0)  # what an on_failure for it would take to arrive
     assert len(calls) == 2
     assert failures == ["RuntimeError"]  # the failed attempt's, and none for the copy
 
@@ -241,3 +247,21 @@ def test_a_lost_attempt_carried_out_still_sends_on_failure(stub_env: Env) -> Non
     while not failures and time.monotonic() < deadline:
         time.sleep(0.02)
     assert failures == ["AttemptConsumed"]
+
+
+def test_unreadable_state_dead_lettered_unrun_still_sends_on_failure(stub_env: Env) -> None:
+    """Unreadable OJS state ends the job (dead-lettered unrun, INVALID_PAYLOAD): a failure,
+    so ``Callbacks`` sends ``on_failure`` for it."""
+    failures: list[str] = []
+    handler = stub_env.actor(lambda message, error: failures.append(error["type"]))
+    calls: list[float] = []
+    actor = stub_env.actor(lambda: calls.append(time.monotonic()),
+                           on_failure=handler.actor_name)
+    message = actor.message()
+    message.options["ojs"] = {"attempt": "not a number"}
+    stub_env.start()
+    stub_env.broker.enqueue(message)
+    deadline = time.monotonic() + 10
+    while not failures and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert failures == ["AttemptConsumed"] and calls == []

@@ -54,8 +54,8 @@ class DeleteReport(NamedTuple):
     longer) dead letters. ``int(report)`` is how many were removed (what ``delete`` returned
     before it reported ids); ``len(report)`` is a tuple's, 2.
 
-    >>> int(DeleteReport(("a", "b"), ("typo",)))
-    2
+    >>> int(DeleteReport(("a", "b"), ("typo",))), bool(DeleteReport((), ("typo",)))
+    (2, False)
     """
 
     deleted: tuple[str, ...]
@@ -63,6 +63,10 @@ class DeleteReport(NamedTuple):
 
     def __int__(self) -> int:
         return len(self.deleted)
+
+    def __bool__(self) -> bool:
+        """Whether anything was removed (as the count ``delete`` returned before was)."""
+        return bool(self.deleted)
 
 
 class DeadLetterStore(Protocol):
@@ -186,7 +190,7 @@ class DeadLetters:
         if filters.is_empty:
             raise ValueError("delete needs ids or a filter; purge() removes everything")
         chosen = self._select(filters)
-        left = Counter(self.store.remove(chosen))  # keys: exact where a job died twice
+        left = Counter(self._remove(chosen))  # keys: exact where a job died twice
         deleted: builtins.list[str] = []
         gone: builtins.list[str] = []  # removed meanwhile (replayed, pruned)
         for letter in chosen:
@@ -204,7 +208,7 @@ class DeadLetters:
         if filters.is_empty or filters == DeadLetterFilter(queue=filters.queue):
             names = [filters.queue] if filters.queue else self.store.queues()
             return sum(self.store.clear(name) for name in names)
-        return len(self.store.remove(self._select(filters)))
+        return len(self._remove(self._select(filters)))
 
     def prune(self, retention: Retention = DEFAULT_RETENTION, *, queue: str | None = None,
               now: datetime | None = None) -> int:
@@ -213,10 +217,18 @@ class DeadLetters:
         Returns how many dead letters were removed.
         """
         victims = expired(self.store.scan(queue), retention, now=now)
-        return len(self.store.remove(victims)) if victims else 0
+        return len(self._remove(victims)) if victims else 0
 
     def close(self) -> None:
         self.store.close()
+
+    def _remove(self, letters: Sequence[DeadLetter]) -> builtins.list[str]:
+        """``store.remove``, refusing the count a store written before it returned keys gives."""
+        keys = self.store.remove(letters)
+        if isinstance(keys, int):
+            raise TypeError(f"{type(self.store).__name__}.remove returned a count; a "
+                            "DeadLetterStore's remove returns the keys it removed")
+        return list(keys)
 
     def _select(self, filters: DeadLetterFilter) -> builtins.list[DeadLetter]:
         letters = [x for x in self.store.scan(filters.queue) if filters.matches(x)]
