@@ -14,7 +14,10 @@ what they created.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -288,3 +291,16 @@ def wake_for_shutdown(task: Any, *args: Any, **options: Any) -> None:
     worker's whole ``shutdown_timeout``)."""
     worker_state.should_terminate = 0
     task.apply_async(args, **options)
+
+
+def stop_group(process: subprocess.Popen[Any], timeout: float = 30) -> None:
+    """SIGTERM ``process``'s group (a worker started with ``start_new_session``: a warm
+    shutdown), SIGKILL if it lingers past ``timeout`` seconds."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)

@@ -8,7 +8,6 @@ directory, serves what the children counted. Without it every ``ojs_`` series re
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import redis
 from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.celery_ext.support import wait_for
+from tests.celery_ext.support import stop_group, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -119,10 +118,4 @@ def test_prefork_children_counts_are_served_by_the_main_process(
         assert counted and worker.pid not in counted
     finally:
         client.close()
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait(timeout=10)
+        stop_group(worker)

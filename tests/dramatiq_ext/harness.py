@@ -222,3 +222,13 @@ def make_env(kind: str, *, redis_url: str | None = None, amqp_url: str | None = 
         yield env
     finally:
         env.close()
+
+
+def crashed_attempt(env: Env, actor: Any) -> Message[Any]:
+    """A message of ``actor`` (``max_attempts`` 1) whose attempt 1 was running when its
+    worker died: its record says ``active``; enqueue it to redeliver it."""
+    message: Message[Any] = actor.message()
+    running = JobRecord(id=message.message_id, type=message.actor_name, queue=env.queue,
+                        max_attempts=1).started(1)
+    env.ojs.store_for(env.broker).save(message.message_id, running.to_dict())
+    return message

@@ -16,7 +16,7 @@ import pytest
 
 from ojs_adapters import JobError
 from ojs_adapters.runtime.events import DecisionEvent, add_hook, remove_hook
-from tests.dramatiq_ext.harness import Env
+from tests.dramatiq_ext.harness import Env, crashed_attempt
 
 prometheus_client = pytest.importorskip("prometheus_client")
 
@@ -118,13 +118,8 @@ def test_r9_r10_one_event_per_decision_counted_and_logged_without_arguments(
 
 def test_a_lost_worker_is_one_event(stub_env: Env, events: list[DecisionEvent]) -> None:
     """The crash path (a redelivered running attempt) executes one decision, so one event."""
-    from ojs_adapters import JobRecord
-
     actor = stub_env.actor(lambda: None, retry_policy={**FAST, "max_attempts": 1})
-    message = actor.message()
-    running = JobRecord(id=message.message_id, type=message.actor_name, queue=stub_env.queue,
-                        max_attempts=1).started(1)
-    stub_env.ojs.store_for(stub_env.broker).save(message.message_id, running.to_dict())
+    message = crashed_attempt(stub_env, actor)
     stub_env.start()
     stub_env.broker.enqueue(message)
     assert stub_env.wait_record(message.message_id).outcome == "discarded"

@@ -14,7 +14,7 @@ from dramatiq.middleware import Callbacks, Middleware, MiddlewareError, Shutdown
 
 from dramatiq_ext import get_job_record
 from dramatiq_ext import middleware as ojs_middleware
-from tests.dramatiq_ext.harness import Env
+from tests.dramatiq_ext.harness import Env, crashed_attempt
 
 
 class Gate(Middleware):
@@ -230,16 +230,11 @@ def flaky_once(calls: list[float]) -> Any:
 def test_a_lost_attempt_carried_out_still_sends_on_failure(stub_env: Env) -> None:
     """A redelivery of an attempt whose worker died is that attempt failed (HANDLER_PANIC):
     ``Callbacks`` sends ``on_failure`` for it, as it does for every failed attempt."""
-    from ojs_adapters import JobRecord
-
     failures: list[str] = []
     handler = stub_env.actor(lambda message, error: failures.append(error["type"]))
     actor = stub_env.actor(lambda: None, on_failure=handler.actor_name,
                            retry_policy={"max_attempts": 1})
-    message = actor.message()
-    running = JobRecord(id=message.message_id, type=message.actor_name, queue=stub_env.queue,
-                        max_attempts=1).started(1)
-    stub_env.ojs.store_for(stub_env.broker).save(message.message_id, running.to_dict())
+    message = crashed_attempt(stub_env, actor)
     stub_env.start()
     stub_env.broker.enqueue(message)
     assert stub_env.wait_record(message.message_id).outcome == "discarded"

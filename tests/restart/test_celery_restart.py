@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ import redis
 
 from celery_ext._headers import HEADER
 from celery_ext.records import RecordStore
+from tests.celery_ext.support import stop_group
 from tests.restart.celery_app import CONFIG_ENV, TASK_NAME, Config, build_app
 from tests.restart.servers import PrivateRabbit, PrivateRedis
 from tests.restart.support import DELAY, JOBS, RunLog, assert_in_backoff, verdict, wait_for
@@ -62,13 +62,7 @@ def celery_worker(config: Config, folder: Path) -> Iterator[subprocess.Popen[byt
         assert proc.poll() is None, log.read_text()
         yield proc
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc, timeout=15)
         print(f"--- worker log ({log}):\n{log.read_text(errors='replace')[-8000:]}")
 
 
