@@ -3,8 +3,8 @@
 The delay before retry ``count`` (0-based) is ``count**4 + 15`` plus a random
 term that changed twice (``SIDEKIQ_JITTER``), unless ``sidekiq_retry_in``
 gives a positive number of seconds (Sidekiq calls ``to_i`` on it), ``:kill``
-(to the dead set now) or ``:discard`` (dropped now, since 6.5.2). Since 6.5.2
-the random term is added to a custom delay too. An answer is read from YAML or
+(to the dead set now) or ``:discard`` (dropped now, both since 6.5.2). Since
+6.2.2 the random term is added to a custom delay too. An answer is read from YAML or
 JSON (``30``, ``'3.days'``, ``'30 * (count + 1)'``, ``':kill'``, or a mapping
 of error class names to answers, ``'*'`` for the rest) or from a Ruby block
 ``_ruby_block`` could read. ``offset_formula`` fits the default formula (Faktory's too).
@@ -41,8 +41,10 @@ SIDEKIQ_JITTER: tuple[tuple[tuple[int, int, int], int, bool], ...] = (
 )
 #: ojs-retry section 3.4: the coefficient for Sidekiq's ``count**4`` (Faktory's too).
 SPEC_COEFFICIENT = 4.0
-#: First version that understands ``:kill``/``:discard`` and jitters a custom delay.
+#: First version that understands ``:kill``/``:discard`` from ``sidekiq_retry_in``.
 RESULT_SYMBOLS_SINCE = (6, 5, 2)
+#: First version that adds its random term to a custom delay (Changes.md 6.2.2, #4957).
+BLOCK_JITTER_SINCE = (6, 2, 2)
 #: The longest delay modelled (about 31 million years): keeps every figure finite.
 _LONGEST_S = 1e15
 #: The longest duration an option may give (about 31,700 years; a timedelta holds 2.7 million).
@@ -101,7 +103,7 @@ def source_band(formula: Formula | None, count: int, ver: Version) -> Band:
     if own is None:
         return sidekiq_band(count, ver)
     low, mean, high = own
-    if ver < RESULT_SYMBOLS_SINCE:
+    if ver < BLOCK_JITTER_SINCE:
         return Band(low, high, mean)
     extra = sidekiq_band(count, ver, base=0.0)
     return Band(low, high + extra.high, mean + extra.mean)

@@ -10,7 +10,7 @@ The delay (``_sidekiq_delay``): Sidekiq's default formula gets the OJS
 schedule closest to it retry by retry (``offset_formula``; section 3.4's
 polynomial with coefficient 4.0 keeps the window only by retrying first after
 half a second, where Sidekiq waits at least 15 s). A ``sidekiq_retry_in``
-formula is fitted with the random term Sidekiq adds to it (since 6.5.2), and the
+formula is fitted with the random term Sidekiq adds to it (since 6.2.2), and the
 fit's error reported; ``:kill`` and ``:discard``
 for an error class become ``non_retryable_errors`` (or a handler response
 code where they end elsewhere). ``Migration.fidelity`` compares the schedules.
@@ -49,7 +49,7 @@ from ojs_adapters.migrate._fit import fit_schedule, schedule_fields
 from ojs_adapters.migrate._model import Band, Migration
 from ojs_adapters.migrate._ruby_literals import Dynamic
 from ojs_adapters.migrate._sidekiq_delay import (
-    RESULT_SYMBOLS_SINCE,
+    BLOCK_JITTER_SINCE,
     SIDEKIQ_JITTER,
     RetryIn,
     Version,
@@ -150,14 +150,14 @@ def _schedule(formula: Formula | None, retries: int, ver: Version, notes: Notes
                   "Sidekiq's random term is added seconds; OJS jitter multiplies the delay by "
                   "[0.5, 1.5), a wider spread in absolute terms")
         return fields, old
-    # What Sidekiq waits on average: the block's delay plus, since 6.5.2, its random term
+    # What Sidekiq waits on average: the block's delay plus, since 6.2.2, its random term
     # (and its default formula, random term included, where the block gives none).
     bands = [source_band(formula, c, ver) for c in range(count)]
     fit = fit_schedule([min(max(b.mean, MIN_INTERVAL_S), MAX_INTERVAL_S) for b in bands])
     said = f"the block's delay {formula.text}"
-    if ver >= RESULT_SYMBOLS_SINCE:
+    if ver >= BLOCK_JITTER_SINCE:
         term, mean = random_term(ver)
-        said += f" plus the {term} Sidekiq adds to it (since 6.5.2; {mean} s on average)"
+        said += f" plus the {term} Sidekiq adds to it (since 6.2.2; {mean} s on average)"
     random = any(b.low < b.high for b in bands)
     if fit.exact and not random:
         notes.add("info", "sidekiq_retry_in", f"{said} is exactly {fit.describe()}")
@@ -177,7 +177,7 @@ def _schedule(formula: Formula | None, retries: int, ver: Version, notes: Notes
     if random:
         first, new = bands[0], fit.initial
         why = " and ".join(w for w, on in (("the block's rand", formula.random),
-                                           ("Sidekiq's random term", ver >= RESULT_SYMBOLS_SINCE
+                                           ("Sidekiq's random term", ver >= BLOCK_JITTER_SINCE
                                             or fallback)) if on)
         notes.add("approximate", "sidekiq_retry_in",
                   f"{why} {'spread' if ' and ' in why else 'spreads'} the retries: the "

@@ -110,7 +110,7 @@ def test_a_schedule_that_is_not_kept_is_lossy() -> None:
 
 
 def test_sidekiqs_random_term_on_a_block_is_kept_in_the_fit() -> None:
-    """Since 6.5.2 Sidekiq adds rand(10 * (count + 1)) to a block's delay (8.x): for
+    """Since 6.2.2 Sidekiq adds rand(10 * (count + 1)) to a block's delay (8.x): for
     ``10 * (count + 1)`` the block alone is a third short of the window, so the policy is
     fitted to the expected sum, not called exact and then lossy."""
     for version, retries in (("8.1", 10), ("7.3", 10), ("8.1", 25)):
@@ -120,7 +120,7 @@ def test_sidekiqs_random_term_on_a_block_is_kept_in_the_fit() -> None:
         [m] = out["migrations"]
         assert m["fidelity"]["faithful"] is True
         assert m["fidelity"]["window_ratio"] == pytest.approx(1.0, abs=0.05)
-        assert any("Sidekiq adds to it (since 6.5.2" in n["text"] for n in m["notes"])
+        assert any("Sidekiq adds to it (since 6.2.2" in n["text"] for n in m["notes"])
     code, out = migrate_json("sidekiq", '{"sidekiq_retry_in": 30}', "--version", "8.1")
     assert code == 0, out  # a constant 30 s under a random term growing to 250 s: refitted
     code, out = migrate_json("sidekiq", '{"sidekiq_retry_in": "30 * (count + 1)"}',
