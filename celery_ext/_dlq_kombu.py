@@ -108,19 +108,20 @@ class KombuDeadLetters:
                     letters += [self._letter(m, original) for m in held]
         return [x for x in letters if queue in (None, x.queue)]  # a shared queue: each its own
 
-    def _held_where(self, letters: Sequence[DeadLetter]) -> Iterator[tuple[str, str, set[str]]]:
-        """``(dead-letter queue, its original queue, keys of those of letters it may hold)``
+    def _held_where(
+        self, letters: Sequence[DeadLetter]
+    ) -> Iterator[tuple[str, str, Counter[str]]]:
+        """``(dead-letter queue, its original queue, how many of letters it may hold, by key)``
         for each dead-letter queue: a shared one may hold any of them."""
         templates = dead_letter_templates(self.app)
         for dead, original in self._names().items():
             mixed = shared(dead, original, templates)
-            yield dead, original, {x.key for x in letters if mixed or x.queue == original}
+            yield dead, original, Counter(x.key for x in letters if mixed or x.queue == original)
 
     def remove(self, letters: Sequence[DeadLetter]) -> list[str]:
         removed: list[str] = []
-        for dead, original, here in self._held_where(letters):
-            # One message per letter named: two copies of one dead letter are two letters.
-            wanted = Counter(x.key for x in letters if x.key in here)
+        # One message per letter named: two copies of one dead letter are two letters.
+        for dead, original, wanted in self._held_where(letters):
             if not wanted:
                 continue
             with self._held(dead) as (_channel, held):

@@ -140,6 +140,30 @@ def schedule_fields(fit: Fit, retries: int, *, jitter: bool) -> dict[str, Any]:
             "max_interval": iso_seconds(max(cap, fit.initial))}
 
 
+def binds_from(fit: Fit, retries: int, *, jitter: bool) -> int | None:
+    """The first retry whose delay, or its jittered top, the ``LONGEST_CAP_S`` cap of
+    ``schedule_fields`` can cut; ``None`` when it never binds (delays only grow)."""
+    def cut(n: int) -> bool:
+        return _raw(fit.strategy, n, fit.initial, fit.coefficient) * (
+            1.5 if jitter else 1.0) > LONGEST_CAP_S
+    if retries < 1 or not cut(retries):
+        return None
+    low, high = 1, retries  # cut(high) holds
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if cut(mid) else (mid + 1, high)
+    return low
+
+
+def cap_words(cap: str, fit: Fit, retries: int, *, jitter: bool) -> str:
+    """``max_interval`` in words for a source without a cap: whether it binds, and where."""
+    at = binds_from(fit, retries, jitter=jitter)
+    if at is None:
+        return f"max_interval {cap} never binds (the source has no cap)"
+    return (f"max_interval {cap}, the longest written (about 31 years; the source has no "
+            f"cap), binds from retry {at}")
+
+
 Scale = Callable[[Sequence[float], BackoffStrategy, float, bool], Fit]
 
 
@@ -159,6 +183,8 @@ def _search(targets: Sequence[float], digits: int, scale: Scale,
             step = 10.0 ** -digits
             near = {min(max(round(round(found, digits) + k * step, digits), low), high)
                     for k in (-2, -1, 0, 1, 2)}
+            if scale is _closest:  # a range within tolerance can be narrower than the grid
+                near |= _tolerated_steps(targets, strategy, step, low, high)
             fits = [scale(targets, strategy, c, True) for c in sorted(near)]
             candidate = fits[0]
             for fit in fits[1:]:
@@ -167,6 +193,20 @@ def _search(targets: Sequence[float], digits: int, scale: Scale,
                 candidate.within and best.cost - candidate.cost <= _SIMPLER)):
             best = candidate
     return best
+
+
+def _tolerated_steps(targets: Sequence[float], strategy: BackoffStrategy, step: float,
+                     low: float, high: float) -> set[float]:
+    """Every coefficient on [low, high] at ``step`` for which some initial interval is
+    within tolerance (``_tolerated``): such a range can be one step wide."""
+    digits = round(-math.log10(step))
+    steps = range(math.ceil(low / step - 1e-9), math.floor(high / step + 1e-9) + 1)
+    found = set()
+    for c in (round(k * step, digits) for k in steps):
+        first, last = _tolerated(targets, _shape(strategy, len(targets), c))
+        if first <= last:
+            found.add(c)
+    return found
 
 
 def _unrounded(scale: Scale, targets: Sequence[float], strategy: BackoffStrategy,
@@ -202,6 +242,8 @@ def _tolerated(targets: Sequence[float], shape: Sequence[float]) -> tuple[float,
         factor = RETRY_TOLERANCE if at < len(targets) else WINDOW_TOLERANCE
         low = max(low, min(old / factor, old - SLACK_S) / unit)
         high = min(high, max(old * factor, old + SLACK_S) / unit)
+        if low > high:
+            break  # empty: the rest cannot widen it
     return low, high
 
 

@@ -27,7 +27,7 @@ from ojs_adapters.durations import parse_duration
 from ojs_adapters.errors import OjsValidationError
 from ojs_adapters.migrate._arith import DURATION_UNITS, Formula, FormulaError, parse_formula
 from ojs_adapters.migrate._common import bad_option
-from ojs_adapters.migrate._fit import fit_schedule, fit_shape, schedule_fields
+from ojs_adapters.migrate._fit import cap_words, fit_schedule, fit_shape, schedule_fields
 from ojs_adapters.migrate._model import Band, Note
 from ojs_adapters.migrate._ruby_literals import Dynamic
 
@@ -203,11 +203,12 @@ def offset_formula(old: Sequence[Band], retries: int, source: str
     fields = schedule_fields(fit, retries, jitter=True)
     text = (f"count**4 + 15 + random: fitted as {fit.describe()}, the OJS schedule closest "
             f"retry by retry ({fit.error()}); jitter stands for the random term")
-    spec = fit_shape(means, "polynomial", SPEC_COEFFICIENT)
-    if (fit.strategy, fit.coefficient) != ("polynomial", SPEC_COEFFICIENT):
+    spec_first = fit_shape(means, "polynomial", SPEC_COEFFICIENT).initial \
+        if (fit.strategy, fit.coefficient) != ("polynomial", SPEC_COEFFICIENT) else means[0]
+    if spec_first < means[0] / 2:
         text += (f". Not section 3.4's polynomial with backoff_coefficient 4.0: OJS has no "
                  f"constant offset (the + 15), so keeping the window that shape would retry "
-                 f"first after {spec.initial:g} s where {source} waits {means[0]:g} s")
+                 f"first after {spec_first:g} s where {source} waits {means[0]:g} s")
     early = list(itertools.takewhile(lambda pair: pair[0] < pair[1].low,
                                      zip(fit.delays(len(old)), old, strict=True)))
     if early:
@@ -215,5 +216,5 @@ def offset_formula(old: Sequence[Band], retries: int, source: str
                          f"{band.low:g} s" for n, (new, band) in enumerate(early[:3], start=1))
         text += (". No OJS schedule within tolerance keeps the first retries: "
                  f"{said}{' ...' if len(early) > 3 else ''}")
-    return fields, text + f"; max_interval {fields['max_interval']} never binds (the source " \
-        "has no cap)"
+    return fields, text + "; " + cap_words(fields["max_interval"], fit, retries,
+                                           jitter=True)

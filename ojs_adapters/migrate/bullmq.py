@@ -15,6 +15,7 @@ true, so ``on_exhaustion`` is ``dead_letter`` by default.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,8 +69,10 @@ def from_bullmq(options: Mapping[str, Any] | None, *, name: str | None = None,
         "max_interval": iso_seconds(min(top, LONGEST_CAP_S)),
     })
     if grow and retries > 1:
-        notes.add("info", "backoff", "BullMQ has no delay cap; max_interval is the last "
-                  "retry's delay so it never binds")
+        notes.add("info", "backoff", "BullMQ has no delay cap; " + (
+            "max_interval is the last retry's delay so it never binds" if top <= LONGEST_CAP_S
+            else f"max_interval is the longest written (about 31 years) and binds from retry "
+                 f"{math.floor(math.log2(LONGEST_CAP_S / delay)) + 2}"))
     if jitter:
         notes.add("approximate", "backoff.jitter",
                   f"BullMQ draws from [{1 - jitter:g}, 1) x delay; OJS jitter would draw from "

@@ -25,6 +25,17 @@ def test_bullmq_attempts_count_every_run_like_ojs() -> None:
     assert m.exact
 
 
+@pytest.mark.parametrize(("attempts", "says"), [
+    (20, "so it never binds"), (200, "binds from retry 31")])
+def test_bullmq_cap_note_says_whether_it_binds(attempts: int, says: str) -> None:
+    """1 s doubling passes the longest max_interval written (10^9 s) at retry 31."""
+    m = from_bullmq({"attempts": attempts, "backoff": {"type": "exponential", "delay": 1000}})
+    [note] = [n for n in m.notes if "no delay cap" in n.text]
+    assert note.text.endswith(says)
+    assert m.policy is not None and m.policy.schedule()[29:31] == [2.0 ** 29, 10.0 ** 9][
+        :len(m.policy.schedule()[29:31])]
+
+
 def test_bullmq_fixed_backoff_as_a_number() -> None:
     assert from_bullmq({"attempts": 3, "backoff": 5000}).policy.schedule() == [5.0, 5.0]  # type: ignore[union-attr]
 

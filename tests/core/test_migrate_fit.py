@@ -18,7 +18,7 @@ from ojs_adapters.backoff import raw_delay
 from ojs_adapters.migrate import Band, Fidelity, FidelityRow, Migration, Note
 from ojs_adapters.migrate._arith import FormulaError, parse_formula
 from ojs_adapters.migrate._common import MIN_INTERVAL_S
-from ojs_adapters.migrate._fit import fit_schedule, fit_shape
+from ojs_adapters.migrate._fit import _closest, fit_schedule, fit_shape
 from ojs_adapters.migrate._model import RETRY_TOLERANCE, SLACK_S, WINDOW_TOLERANCE
 from ojs_adapters.migrate._ruby_block import read_block
 from ojs_adapters.policy import RetryPolicy
@@ -65,6 +65,21 @@ def test_the_closest_fit_is_no_farther_than_any_window_keeping_one(
     shape may give away."""
     fit = fit_schedule(targets)
     other = fit_shape(targets, strategy, round(coefficient, 2))  # type: ignore[arg-type]
+    if other.within:
+        assert fit.within
+        assert fit.cost <= other.cost + math.log(1.01) + 1e-6
+
+
+@settings(max_examples=40, deadline=None)
+@given(targets=delays, strategy=st.sampled_from(["exponential", "polynomial"]),
+       hundredths=st.integers(100, 800))
+def test_no_schedule_within_tolerance_is_closer_than_the_fit(
+        targets: list[float], strategy: str, hundredths: int) -> None:
+    """Any coefficient at the fit's step, with its closest initial interval: if that is
+    within tolerance, the fit is too and no farther (beyond the 1% a simpler shape may
+    give away). A range within tolerance can be one step wide."""
+    fit = fit_schedule(targets)
+    other = _closest(targets, strategy, hundredths / 100, True)  # type: ignore[arg-type]
     if other.within:
         assert fit.within
         assert fit.cost <= other.cost + math.log(1.01) + 1e-6

@@ -94,6 +94,18 @@ def test_default_formula_retries_where_sidekiq_does(retries: int, first: float) 
     assert fidelity.faithful and m.ok
 
 
+def test_a_coefficient_range_within_tolerance_one_step_wide_is_found() -> None:
+    """retry: 20 on 7.3: only exponential 1.58 keeps every retry within tolerance at a
+    lower cost than polynomial 3.6 (first retry 0.1x Sidekiq's); the coarse grid stepped
+    over it."""
+    m = from_sidekiq({"retry": 20}, version="7.3")
+    policy, fidelity = m.policy, m.fidelity
+    assert policy is not None and fidelity is not None
+    assert (policy.backoff_strategy, policy.backoff_coefficient) == ("exponential", 1.58)
+    assert fidelity.rows[0].ratio > 1  # was 0.1: "hurried"
+    assert fidelity.faithful and m.ok
+
+
 @pytest.mark.parametrize("version", ["8.1", "7.3", "6.2.1"])
 def test_default_formula_with_25_retries_says_what_no_schedule_keeps(version: str) -> None:
     """With 25 retries no OJS schedule within tolerance keeps the first retry near
@@ -382,3 +394,23 @@ def test_sidekiq_adds_its_random_term_to_a_block_since_6_2_2(version: str,
     assert m.policy.jitter is jittered
     assert m.fidelity is not None
     assert all((row.old.low < row.old.high) is jittered for row in m.fidelity.rows)
+
+
+@pytest.mark.parametrize(("retries", "says"), [
+    (25, "never binds (the source has no cap)"),
+    (250, "the longest written (about 31 years; the source has no cap), binds from retry 169"),
+])
+def test_the_note_says_whether_the_cap_binds(retries: int, says: str) -> None:
+    """Past about 170 retries the fitted schedule grows past the longest max_interval
+    written (10^9 s): the note said "never binds" there too."""
+    m = from_sidekiq({"retry": retries}, version="7.3")
+    [note] = [n for n in m.notes if "count**4" in n.text]
+    assert note.text.endswith(says)
+
+
+def test_one_retry_does_not_contrast_section_3_4() -> None:
+    """With one retry every shape keeps it: "would retry first after 19.5 s where Sidekiq
+    waits 19.5 s" contrasted nothing."""
+    m = from_sidekiq({"retry": 1}, version="7.3")
+    [note] = [n for n in m.notes if "count**4" in n.text]
+    assert "section 3.4" not in note.text
