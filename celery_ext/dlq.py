@@ -117,7 +117,7 @@ def _app_named(app: str) -> Any:
     from celery.utils.imports import cwd_in_path
 
     module, _, attribute = app.partition(":")
-    with cwd_in_path(), named_module_hint(module):
+    with cwd_in_path(), named_module_hint(module, last_may_be_attribute=not attribute):
         if attribute and module:  # Celery says "No module named 'app:nope'" for a bad name
             name = attribute.split(".", 1)[0]
             if not hasattr(importlib.import_module(module), name):

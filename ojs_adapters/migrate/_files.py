@@ -186,7 +186,10 @@ def _sidekiq_config(spec: Dialect, file: Path, text: str) -> tuple[bool, RubyJob
         return True, None
     if isinstance(value, str) and "<%" in value:
         value = Dynamic(value)  # ERB: Sidekiq evaluates it, the reader does not
-    line = next((n for n, t in enumerate(text.splitlines(), 1) if where in t), 1)
+    lines = text.splitlines()
+    start = next((n for n, t in enumerate(lines) if where in t), 0)
+    line = next((n for n, t in enumerate(lines[start:], start + 1) if "max_retries" in t),
+                start + 1)  # the key's own line, inside ``production:`` if it is there
     return True, RubyJob(DEFAULTS[2], line, {"max_retries": value}, kind="defaults")
 #: Keys of Sidekiq's own config file besides ``max_retries``.
 _SIDEKIQ_CONFIG = {"concurrency", "queues", "timeout", "verbose", "pidfile", "logfile",

@@ -67,7 +67,8 @@ def _wide_row(origin: str, job: RubyJob, wide: dict[str, tuple[str, RubyJob]]) -
     """An app-wide entry's row; ``Sidekiq.default_job_options``, the options a job with
     none of its own starts from, also takes the app's ``max_retries``, as the jobs do."""
     count = wide.get("max_retries")
-    if count is None or job.name == DEFAULTS[2] or "max_retries" in job.options:
+    if count is None or job.name == DEFAULTS[2] or "max_retries" in job.options \
+            or job.options.get("retry", True) is not True:  # a count: max_retries not read
         return Resolved(origin, job)
     options = {**job.options, "max_retries": count[1].options["max_retries"]}
     return Resolved(origin, replace(job, options=options), _taken({"max_retries": count}))
@@ -101,7 +102,9 @@ def _row(name: str, named: dict[str, tuple[str, RubyJob]],
         return None
     own = {key: value for _, _, entry in parts for key, value in entry.options.items()}
     taken = {key: at for key, at in wide.items() if key not in own}
-    if own.get("retry", True) is not True:  # a count of its own: max_retries is not read
+    retry = own["retry"] if "retry" in own else \
+        taken["retry"][1].options["retry"] if "retry" in taken else True
+    if retry is not True:  # a count (its own or app-wide): max_retries is not read
         taken.pop("max_retries", None)
     notes = list(_taken(taken))
     options = {key: entry.options[key] for key, (_, entry) in taken.items()}

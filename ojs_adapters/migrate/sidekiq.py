@@ -203,8 +203,9 @@ def _retries(opts: dict[str, Any], exhaust: str, notes: Notes, *, quiet: bool) -
     if value is None or value is True:
         if value is None and not quiet:
             whose = "the app's max_retries" if "max_retries" in opts else "Sidekiq's default"
-            notes.add("info", "retry", f"not set: {whose} of {default} retries "
-                      f"({default + 1} attempts)")
+            notes.add("info", "retry", f"not set: {whose} of {default} "
+                      f"{'retry' if default == 1 else 'retries'} ({default + 1} "
+                      f"{'attempt' if default == 0 else 'attempts'})")
         return default
     if value is False:
         notes.add("info", "retry", "false: no retry, and the failed job is not kept in the dead "

@@ -148,6 +148,29 @@ def test_app_wide_defaults_take_the_apps_max_retries_and_are_counted_apart(
     assert "3 jobs, 2 app-wide defaults migrated: 1 lossy" in human.output
 
 
+def test_an_app_wide_retry_count_is_not_said_to_take_max_retries(tmp_path: Path) -> None:
+    """default_job_options sets retry: 5 beside :max_retries in sidekiq.yml: Sidekiq reads
+    max_retries only for retry: true, so the jobs get 5 retries (right) and their notes
+    said they took max_retries (wrong); a production: section's row pointed at the
+    section's line, not its max_retries; 0 retries said "(1 attempts)"."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "config" / "initializers").mkdir(parents=True)
+    (tmp_path / "config" / "sidekiq.yml").write_text(
+        ":max_retries: 10\nproduction:\n  :concurrency: 10\n  :max_retries: 0\n")
+    (tmp_path / "config" / "initializers" / "sidekiq.rb").write_text(
+        "Sidekiq.default_job_options = { 'retry' => 5 }\n")
+    (tmp_path / "app" / "jobs.rb").write_text("class PlainJob\n  include Sidekiq::Job\nend\n")
+    sources = (str(tmp_path / "app"), str(tmp_path / "config"))
+    result = run("migrate", "--from", "sidekiq", *sources, "--json")
+    found = {m["name"]: m for m in json.loads(result.output)["migrations"]}
+    for name in ("PlainJob", "Sidekiq.default_job_options"):
+        assert found[name]["policy"]["max_attempts"] == 6, name
+        assert not any("max_retries" in n["text"] for n in found[name]["notes"]), name
+    count = found["Sidekiq[:max_retries]"]
+    assert count["origin"].endswith("sidekiq.yml:4")
+    assert any(n["text"].endswith("of 0 retries (1 attempt)") for n in count["notes"])
+
+
 def test_migrate_reads_app_and_config_as_one_run(tmp_path: Path) -> None:
     """docs/migration.md: point the command at ``app/`` and ``config/``; the app's defaults
     in ``config/`` apply to the jobs in ``app/``, and a file named twice counts once."""

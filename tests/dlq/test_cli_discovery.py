@@ -259,6 +259,8 @@ def test_app_from_the_wrong_folder_says_where_to_run_from(tmp_path: Path,
         result = listed(framework, f"pkg_{token}.tasks:app")
         assert f"No module named 'pkg_{token}': run it from the folder that holds " \
                f"pkg_{token}/, or put" in result.output
+    result = listed("celery", f"{app}.app")  # celery -A's module.attribute form
+    assert f"run it from the folder that holds {app}.py or {app}/, or put" in result.output
     monkeypatch.chdir(tmp_path)  # the right folder: what is missing is not the app
     for framework in ("celery", "dramatiq"):
         result = listed(framework, f"{deps}:app")

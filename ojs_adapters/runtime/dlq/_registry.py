@@ -84,8 +84,10 @@ def load_object(spec: str) -> Any:
 
 
 @contextmanager
-def named_module_hint(module: str) -> Iterator[None]:
-    """Say where to run from when importing ``module`` (an ``--app``) finds no such module.
+def named_module_hint(module: str, *, last_may_be_attribute: bool = False
+                      ) -> Iterator[None]:
+    """Say where to run from when importing ``module`` (an ``--app``) finds no such module;
+    ``last_may_be_attribute``: ``tasks.app`` may be module ``tasks``'s ``app`` (``celery -A``).
 
     Only when what is missing is ``module`` itself, or the top package of a dotted one
     (not on ``sys.path``: the wrong folder). A missing submodule of a package that was
@@ -102,7 +104,8 @@ def named_module_hint(module: str) -> Iterator[None]:
         top = module.partition(".")[0]
         if not top or exc.name != top:
             raise
-        where = f"{top}.py" if top == module else f"{top}/"
+        where = f"{top}.py" if top == module else \
+            f"{top}.py or {top}/" if last_may_be_attribute else f"{top}/"
         raise ModuleNotFoundError(f"{exc}: run it from the folder that holds {where}, or put "
                                   "that folder on PYTHONPATH", name=top) from exc
 
