@@ -21,8 +21,9 @@ Dialects: ``from_sidekiq``, ``from_faktory``, ``from_celery``, ``from_dramatiq``
 reads files (JSON, YAML, and Sidekiq's ``.rb``) and directories.
 """
 
+from ojs_adapters.migrate._fidelity import Band, Fidelity, FidelityRow
 from ojs_adapters.migrate._files import DIALECTS, load_document, migrate_path, migrate_text
-from ojs_adapters.migrate._model import SEVERITIES, Band, Fidelity, FidelityRow, Migration, Note
+from ojs_adapters.migrate._model import SEVERITIES, Migration, Note
 from ojs_adapters.migrate._ruby import RubyJob, read_ruby
 from ojs_adapters.migrate.bullmq import from_bullmq
 from ojs_adapters.migrate.celery import from_celery

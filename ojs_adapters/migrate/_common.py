@@ -21,17 +21,16 @@ from typing import Any
 from ojs_adapters.backoff import JITTER_HIGH, JITTER_LOW
 from ojs_adapters.durations import format_duration
 from ojs_adapters.errors import OjsValidationError
-from ojs_adapters.migrate._model import (
+from ojs_adapters.migrate._fidelity import (
     RETRY_TOLERANCE,
     SLACK_S,
     WINDOW_TOLERANCE,
     Band,
     Fidelity,
     FidelityRow,
-    Note,
-    Severity,
     human_span,
 )
+from ojs_adapters.migrate._model import Note, Severity
 from ojs_adapters.policy import RetryPolicy
 
 #: Retries compared in a fidelity table (and fitted); enough for any real schedule.

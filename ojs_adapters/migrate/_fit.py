@@ -28,7 +28,7 @@ from typing import Any
 
 from ojs_adapters.backoff import BackoffStrategy, raw_delay
 from ojs_adapters.migrate._common import MIN_INTERVAL_S, iso_seconds
-from ojs_adapters.migrate._model import (
+from ojs_adapters.migrate._fidelity import (
     RETRY_TOLERANCE,
     SLACK_S,
     WINDOW_TOLERANCE,

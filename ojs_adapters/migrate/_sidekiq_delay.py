@@ -27,8 +27,9 @@ from ojs_adapters.durations import parse_duration
 from ojs_adapters.errors import OjsValidationError
 from ojs_adapters.migrate._arith import DURATION_UNITS, Formula, FormulaError, parse_formula
 from ojs_adapters.migrate._common import bad_option
+from ojs_adapters.migrate._fidelity import Band
 from ojs_adapters.migrate._fit import cap_words, fit_schedule, fit_shape, schedule_fields
-from ojs_adapters.migrate._model import Band, Note
+from ojs_adapters.migrate._model import Note
 from ojs_adapters.migrate._ruby_literals import Dynamic
 
 DIALECT = "sidekiq"

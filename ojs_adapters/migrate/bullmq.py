@@ -32,8 +32,9 @@ from ojs_adapters.migrate._common import (
     policy_from,
     positive_interval,
 )
+from ojs_adapters.migrate._fidelity import Band
 from ojs_adapters.migrate._fit import LONGEST_CAP_S
-from ojs_adapters.migrate._model import Band, Migration
+from ojs_adapters.migrate._model import Migration
 
 DIALECT = "bullmq"
 #: ``attempts`` when not given.

@@ -38,7 +38,8 @@ from ojs_adapters.migrate._common import (
     policy_from,
     positive_interval,
 )
-from ojs_adapters.migrate._model import Band, Migration
+from ojs_adapters.migrate._fidelity import Band
+from ojs_adapters.migrate._model import Migration
 
 DIALECT = "celery"
 #: Celery's ``Task`` defaults.

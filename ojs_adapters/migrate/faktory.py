@@ -30,7 +30,8 @@ from ojs_adapters.migrate._common import (
     parse_version,
     policy_from,
 )
-from ojs_adapters.migrate._model import Band, Migration
+from ojs_adapters.migrate._fidelity import Band
+from ojs_adapters.migrate._model import Migration
 from ojs_adapters.migrate._sidekiq_delay import offset_formula
 
 DIALECT = "faktory"

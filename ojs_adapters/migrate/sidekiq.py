@@ -45,8 +45,9 @@ from ojs_adapters.migrate._common import (
     parse_version,
     policy_from,
 )
+from ojs_adapters.migrate._fidelity import Band
 from ojs_adapters.migrate._fit import fit_schedule, schedule_fields
-from ojs_adapters.migrate._model import Band, Migration
+from ojs_adapters.migrate._model import Migration
 from ojs_adapters.migrate._ruby_literals import Dynamic
 from ojs_adapters.migrate._sidekiq_delay import (
     BLOCK_JITTER_SINCE,

@@ -18,8 +18,8 @@ from ojs_adapters.backoff import raw_delay
 from ojs_adapters.migrate import Band, Fidelity, FidelityRow, Migration, Note
 from ojs_adapters.migrate._arith import FormulaError, parse_formula
 from ojs_adapters.migrate._common import MIN_INTERVAL_S
+from ojs_adapters.migrate._fidelity import RETRY_TOLERANCE, SLACK_S, WINDOW_TOLERANCE
 from ojs_adapters.migrate._fit import _closest, fit_schedule, fit_shape
-from ojs_adapters.migrate._model import RETRY_TOLERANCE, SLACK_S, WINDOW_TOLERANCE
 from ojs_adapters.migrate._ruby_block import read_block
 from ojs_adapters.policy import RetryPolicy
 
