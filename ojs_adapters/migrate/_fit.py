@@ -93,7 +93,10 @@ class Fit:
         """The fit's error in words: ``'exact'`` or the worst ratio and window error."""
         if self.exact:
             return "exact"
-        return (f"worst per-retry ratio {self.worst:.3g} at retry {self.worst_retry}, "
+        worst = f"{self.worst:.3g}"
+        if worst == "1":  # not exact: say how far off
+            worst = f"{self.worst:.6f}".rstrip("0")
+        return (f"worst per-retry ratio {worst} at retry {self.worst_retry}, "
                 f"total window {100 * (self.window - 1):+.1f}%")
 
     def delays(self, retries: int) -> list[float]:

@@ -196,3 +196,12 @@ def test_literal_blocks_are_read(block: str, answers: dict[str, str | None]) -> 
 ])
 def test_blocks_that_are_code_are_not_guessed(block: str) -> None:
     assert read_block(block) is None
+
+
+def test_a_near_miss_is_not_printed_as_ratio_1() -> None:
+    """A fit off by 0.04% printed "worst per-retry ratio 1" beside a verdict that is not
+    exact."""
+    from ojs_adapters.migrate._fit import Fit
+
+    said = Fit("exponential", 1.0, 2.0, 0.9996, 3, 1.0).error()
+    assert "ratio 0.9996 at retry 3" in said
