@@ -55,9 +55,11 @@ def reject_celery_retry_options(options: Mapping[str, Any]) -> None:
         return
     name, value = next(iter(given.items()))
     instead = _CELERY_RETRY_OPTIONS[name]
-    suggestion = _suggested_policy(given)
+    suggestion, lost = _suggested_policy(given)
     if suggestion is not None:
         instead += f"; these options translate to retry_policy={suggestion!r}"
+        if lost:  # said, so the proposal is not taken for the same behaviour
+            instead += f", which is not the same: {lost}"
     raise OjsValidationError(
         f"OjsTask does not combine Celery's {name}={value!r} with the OJS retry policy: "
         f"{instead}",
@@ -67,17 +69,22 @@ def reject_celery_retry_options(options: Mapping[str, Any]) -> None:
     )
 
 
-def _suggested_policy(given: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The policy ``from_celery`` proposes for ``given`` (``None`` when it has none)."""
+def _suggested_policy(given: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The policy ``from_celery`` proposes for ``given`` (``None`` when it has none), and
+    what it does not keep (its lossy notes; empty when it keeps everything)."""
     options = {k: ([_type_name(e) for e in v] if k.endswith("autoretry_for") else v)
                for k, v in given.items() if k != "retry_on_worker_lost"}
     if not options:
-        return None
+        return None, ""
     try:
         migration = from_celery(options)
     except Exception:  # a hint only: the rejection stands either way
-        return None
-    return migration.policy.to_dict() if migration.policy is not None else None
+        return None, ""
+    if migration.policy is None:
+        return None, ""
+    lost = "; ".join(f"{n.field}: {n.text}" if n.field else n.text
+                     for n in migration.notes if n.lossy)
+    return migration.policy.to_dict(), lost
 
 
 def _type_name(exc_type: Any) -> str:

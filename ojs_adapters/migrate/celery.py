@@ -133,7 +133,9 @@ def from_celery(options: Mapping[str, Any] | None, *, unbounded_attempts: int | 
                       "initial_interval and max_interval are half of Celery's factor and "
                       "retry_backoff_max: the expected delays match and each wait falls in "
                       "[0.25, 0.75] x the countdown. The opt-in extension jitter_mode 'full' "
-                      "reproduces Celery's draw exactly")
+                      "(with Celery's own factor) draws from [0, delay) as Celery draws "
+                      "from [0, countdown], in fractions of a second where Celery draws "
+                      "whole seconds")
     else:
         if factor and not autoretry:
             notes.add("info", "retry_backoff", "applies only to autoretry_for; explicit "

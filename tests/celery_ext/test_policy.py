@@ -206,3 +206,16 @@ def test_retry_options_celery_would_apply_are_refused() -> None:
     with pytest.raises(OjsValidationError) as info:
         strict.retry(max_retries=9)
     assert info.value.details["field"] == "max_retries"
+
+
+def test_a_proposed_policy_that_is_not_the_same_says_so() -> None:
+    """autoretry_for=(ValueError,): the proposal retries every error (OJS has no
+    allow-list); the message offered it as "the same" where migrate calls it lossy."""
+    app = _app()
+    with pytest.raises(OjsValidationError) as info:
+        @app.task(shared=False, base=OjsTask, autoretry_for=(ValueError,), retry_backoff=True)
+        def mixed() -> None: ...
+    said = str(info.value)
+    assert "these options translate to retry_policy=" in said
+    assert "which is not the same: autoretry_for: Celery retries only ValueError" in said
+    assert info.value.details["suggested_policy"]["max_attempts"] == 4
