@@ -7,7 +7,7 @@ is a sorted set scored by dead-lettering time (ms), so the date filter is a scor
 range, counts are ``ZCOUNT``, a page merges the queues' id ranges by score and
 decodes only its own messages (``HMGET``). A filter on actor or error type reads
 the queues in chunks of ``CHUNK``, tests each raw message for the filter's literal
-text first, and decodes only what may match. On RabbitMQ a queue cannot be read
+text first, and decodes only what may match (``_raw_filter``). On RabbitMQ a queue cannot be read
 without taking it: pages come from the ``DeadLetters`` listing, depths from a
 passive declare.
 """
@@ -15,11 +15,9 @@ passive declare.
 from __future__ import annotations
 
 import heapq
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from fnmatch import fnmatchcase
 from typing import Any
 
 from dramatiq.common import xq_name
@@ -28,12 +26,14 @@ from dramatiq.message import Message
 from dramatiq_ext._dlq_common import decoded, undecodable_letter
 from dramatiq_ext._dlq_redis import RedisDeadLetters
 from dramatiq_ext._options import KEY_OPTION
+from dramatiq_ext._raw_filter import needles as raw_needles
+from dramatiq_ext._raw_filter import passes
 from dramatiq_ext._state import STATE_OPTION
 from dramatiq_ext._waiting import DramatiqRetryView
 from dramatiq_ext.dlq import dead_letter_of, open_dead_letter_queue
 from dramatiq_ext.middleware import OjsRetries
 from ojs_adapters.history import JobRecord
-from ojs_adapters.runtime.browse import LetterDetails, raw_error_type, raw_string
+from ojs_adapters.runtime.browse import LetterDetails
 from ojs_adapters.runtime.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
 from ojs_adapters.runtime.stats import StatsReader
 
@@ -161,7 +161,7 @@ class DramatiqConsole:
                                    for q, pairs in zip(queues, found[1::2], strict=True)))
             chosen = list(ranked)[start:start + per_page]
             return Page(tuple(self._decode(chosen)), page, per_page, total)
-        needles, rest = _needles(filters), DeadLetterFilter(
+        needles, rest = raw_needles(filters), DeadLetterFilter(
             task_type=filters.task_type, error_type=filters.error_type, ids=filters.ids)
         client, matched, total = self._redis.client, [], 0
         for queue in queues:  # ids (no scores: each costs a parse) and raw messages
@@ -170,7 +170,7 @@ class DramatiqConsole:
                 ids = client.zrangebyscore(self._key(queue), low, high, start=offset, num=CHUNK)
                 datas = client.hmget(self._key(queue) + ".msgs", ids) if ids else []
                 kept += [k for k, data in zip(ids, datas, strict=True) if data is not None
-                         and all(n in data for n in needles) and _passes(data, rest)]
+                         and all(n in data for n in needles) and passes(data, rest)]
                 if len(ids) < CHUNK:
                     break
                 offset += CHUNK
@@ -242,55 +242,6 @@ def _bound(moment: datetime | None, default: str, *, exclusive: bool = False) ->
     aware = moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
     millis = aware.timestamp() * 1000
     return f"({millis!r}" if exclusive else repr(millis)
-
-
-def _needles(filters: DeadLetterFilter) -> list[bytes]:
-    out = []
-    for pattern in (filters.task_type, filters.error_type):
-        literal = (pattern or "").split("*")[0].split("?")[0].split("[")[0]
-        if literal:
-            out.append(json.dumps(literal)[1:-1].encode())
-    return out
-
-
-def _passes(data: bytes, filters: DeadLetterFilter) -> bool:
-    """The filter on actor, error type and ids, read from the raw message's bytes where
-    they say a field plainly (``raw_string``: no decoding; the error type from option
-    ``x-ojs-error-details``), else decoded. A field read that fails settles it."""
-    if filters.ids is not None:
-        if (message_id := raw_string(data, b"message_id")) is None:
-            return _may_match(data, filters)
-        if message_id not in filters.ids:
-            return False
-    if filters.task_type is not None:
-        if (actor := raw_string(data, b"actor_name")) is None:
-            return _may_match(data, filters)
-        if not fnmatchcase(actor, filters.task_type):
-            return False
-    if filters.error_type is not None:
-        if (error := raw_error_type(data)) is None:
-            return _may_match(data, filters)
-        return fnmatchcase(error, filters.error_type)
-    return True
-
-
-def _may_match(data: bytes, filters: DeadLetterFilter) -> bool:
-    """The filter on actor, error type and ids, from the message JSON alone (bytes that
-    hold no JSON object, another producer's, match nothing a filter names)."""
-    try:
-        message = json.loads(data)
-    except ValueError:
-        return False
-    if not isinstance(message, dict):
-        return False
-    errors = ((message.get("options") or {}).get("ojs") or {}).get("errors") or []
-    last = errors[-1] if errors and isinstance(errors[-1], Mapping) else {}
-    probe = DeadLetter(id=str(message.get("message_id")), queue="",
-                       task_type=str(message.get("actor_name")),
-                       error_type=last.get("type"),
-                       dead_lettered_at=datetime.now(timezone.utc), attempt=0)
-    return DeadLetterFilter(task_type=filters.task_type, error_type=filters.error_type,
-                            ids=filters.ids).matches(probe)
 
 
 def _text(value: bytes | str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from celery_ext import _console as celery_console
-from dramatiq_ext import _console as dramatiq_console
+from dramatiq_ext import _raw_filter as dramatiq_filter
 from ojs_adapters.history import ErrorEntry, JobRecord
 from ojs_adapters.runtime.browse import raw_error_type, raw_string
 from ojs_adapters.runtime.dlq import DeadLetterFilter
@@ -95,8 +95,8 @@ def test_dramatiq_raw_filter_agrees_with_decoding(case: str) -> None:
         for filters in FILTERS:
             if filters.since or filters.until:
                 continue  # a score range on Redis, never read from the message
-            expected = dramatiq_console._may_match(raw, filters)
-            assert dramatiq_console._passes(raw, filters) == expected, (raw, filters)
+            expected = dramatiq_filter.may_match(raw, filters)
+            assert dramatiq_filter.passes(raw, filters) == expected, (raw, filters)
 
 
 def test_raw_reads_say_none_rather_than_guess() -> None:
