@@ -21,6 +21,7 @@ from ojs_adapters.runtime.dlq import DeadLetterFilter
 from ojs_adapters.web._console import Console, qs
 from ojs_adapters.web._pages import console_of, letter_filter
 from ojs_adapters.web._security import CSRF_COOKIE, SESSION_COOKIE, Forbidden, audit
+from ojs_adapters.web._trouble import bad_input, trouble, whole_number
 
 #: Actions and how the confirmation names them.
 LETTER_ACTIONS = {"replay": "Replay", "delete": "Delete"}
@@ -61,12 +62,18 @@ def confirm(request: Request) -> Response:
     if action not in LETTER_ACTIONS:
         return console.render(request, "error.html", 400, title="Bad request",
                               error="unknown action")
-    filters = letter_filter(params)
+    try:
+        filters = letter_filter(params)
+    except ValueError as error:
+        return bad_input(console, request, error)
     if ids:
         count = len(set(ids))
     else:
-        with console.backend() as backend:
-            count = backend.letters(filters, per_page=1).total
+        try:
+            with console.backend() as backend:
+                count = backend.letters(filters, per_page=1).total
+        except Exception as error:
+            return trouble(console, request, error)
     fields = _filter_fields(filters)
     return console.render(request, "confirm.html", title="Confirm", kind="letters",
                           action=action, verb=LETTER_ACTIONS[action], ids=ids, count=count,
@@ -86,8 +93,11 @@ async def act_on_letters(request: Request) -> Response:
         return console.render(request, "error.html", 400, title="Bad request",
                               error="unknown action")
     ids = [str(i) for i in form.getlist("id") if i]
-    filters = letter_filter(form)
-    expected = int(str(form.get("expected", "0")) or 0)
+    try:
+        filters = letter_filter(form)
+        expected = whole_number(str(form.get("expected", "")) or "0", "expected")
+    except ValueError as error:
+        return bad_input(console, request, error)
 
     def act() -> tuple[str, int]:
         with console.backend() as backend:
@@ -110,7 +120,13 @@ async def act_on_letters(request: Request) -> Response:
             return "deleted", len(dlq.delete(replace(filters, ids=frozenset(
                 x.id for x in counted.items))).deleted)
 
-    notice, count = await run_in_threadpool(act)
+    try:
+        notice, count = await run_in_threadpool(act)
+    except Exception as error:
+        audit(who, _client(request), f"dead-letters.{action}",
+              framework=console.settings.framework, ids=ids, expected=expected,
+              outcome=f"failed: {type(error).__name__}")
+        return trouble(console, request, error, acting=True)
     audit(who, _client(request), f"dead-letters.{action}", framework=console.settings.framework,
           ids=ids, filter=_filter_fields(filters) if not ids else None, expected=expected,
           count=count, outcome=notice)
@@ -139,7 +155,12 @@ async def act_on_waiting(request: Request) -> Response:
                 return view.retry_now(source, ids)
             return view.discard(source, ids)
 
-    count = await run_in_threadpool(act)
+    try:
+        count = await run_in_threadpool(act)
+    except Exception as error:
+        audit(who, _client(request), f"waiting.{action}", framework=console.settings.framework,
+              source=source, ids=ids, outcome=f"failed: {type(error).__name__}")
+        return trouble(console, request, error, acting=True)
     audit(who, _client(request), f"waiting.{action}", framework=console.settings.framework,
           source=source, ids=ids, count=count)
     return _back(request, "/waiting", source=source,

@@ -7,7 +7,6 @@ types, headers) reaches the page only through Jinja2's autoescaping.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -20,8 +19,8 @@ from ojs_adapters.runtime.browse import WaitingFilter
 from ojs_adapters.runtime.dlq import DeadLetterFilter
 from ojs_adapters.web import _overview
 from ojs_adapters.web._console import Console
+from ojs_adapters.web._trouble import bad_input, trouble
 
-logger = logging.getLogger("ojs_adapters.web")
 #: Rows per page.
 PER_PAGE = 50
 
@@ -39,12 +38,9 @@ def _guarded(view: Callable[[Request, Console], Response]) -> Callable[[Request]
         try:
             return view(request, console)
         except ValueError as error:  # a bad query parameter
-            return console.render(request, "error.html", 400, title="Bad request",
-                                  error=str(error))
+            return bad_input(console, request, error)
         except Exception as error:
-            logger.exception("console page %s failed", request.url.path)
-            return console.render(request, "error.html", 503, title="Broker unavailable",
-                                  error=f"{type(error).__name__}: {error}")
+            return trouble(console, request, error)
 
     run.__name__ = view.__name__
     return run
@@ -101,7 +97,8 @@ def letter_filter(params: Any) -> DeadLetterFilter:
     return DeadLetterFilter(queue=params.get("queue") or None,
                             task_type=params.get("task") or None,
                             error_type=params.get("error") or None,
-                            since=_moment(params.get("since")), until=_moment(params.get("until")))
+                            since=_moment(params.get("since"), "since"),
+                            until=_moment(params.get("until"), "until"))
 
 
 @_guarded
@@ -180,13 +177,14 @@ def _parse(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
-def _moment(value: str | None) -> datetime | None:
+def _moment(value: str | None, field: str) -> datetime | None:
     if not value:
         return None
     try:
         moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"{value!r} is not a date (YYYY-MM-DD or ISO 8601)") from None
+        raise ValueError(f"{field} must be a date (YYYY-MM-DD or ISO 8601 with a time), "
+                         f"not {value!r}") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
