@@ -9,7 +9,9 @@ queue or a thread if it calls out). A failing hook is logged, never raised. A jo
 whose dead letter is published again after a crash may be reported twice.
 
 ``DeadLetterDepth`` is a Prometheus collector of ``ojs_dead_letter_depth{framework,queue}``
-(and ``ojs_dead_letter_depth_error{framework}``, 1 when the read failed) read at scrape
+(with ``ojs_dead_letter_depth_error{framework}``, 1 when the read failed, and
+``ojs_dead_letter_depth_complete{framework}``, 0 when the broker could not list its
+dead-letter queues so some may be missing from the depths) read at scrape
 time from a function (the console's backend counts on the broker), so an alert can fire
 when a queue grows: ``ojs-retry web`` serves it at ``/metrics``.
 
@@ -89,6 +91,10 @@ class DeadLetterDepth:
     ``depths`` returns ``{original queue: dead letters}``. An error while reading is
     logged, yields no depth sample, and sets ``ojs_dead_letter_depth_error{framework}``
     to 1 (0 when the read worked), so an alert can tell "no dead letters" from "not read".
+    ``complete``, called after a read that worked, says whether every dead-letter queue
+    was counted (``Coverage.complete``: RabbitMQ without its management API cannot list
+    them); given, it is ``ojs_dead_letter_depth_complete{framework}`` (1 or 0), so a
+    missing queue does not read as "no dead letters" either.
 
     >>> from prometheus_client import CollectorRegistry, generate_latest
     >>> registry = CollectorRegistry()
@@ -97,9 +103,11 @@ class DeadLetterDepth:
     True
     """
 
-    def __init__(self, framework: str, depths: Callable[[], Mapping[str, int]]) -> None:
+    def __init__(self, framework: str, depths: Callable[[], Mapping[str, int]], *,
+                 complete: Callable[[], bool] | None = None) -> None:
         self.framework = framework
         self.depths = depths
+        self.complete = complete
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
@@ -120,6 +128,14 @@ class DeadLetterDepth:
         error.add_metric([self.framework], 0 if found is not None else 1)
         yield gauge
         yield error
+        if self.complete is not None and found is not None:
+            complete = GaugeMetricFamily(
+                "ojs_dead_letter_depth_complete",
+                "1 if every dead-letter queue was counted; 0 if the broker could not list "
+                "them (RabbitMQ without its management API) and some may be missing",
+                labels=["framework"])
+            complete.add_metric([self.framework], 1 if self.complete() else 0)
+            yield complete
 
     def describe(self) -> Iterator[Any]:
         """No fixed description: the registry collects lazily, at scrape time."""

@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from ojs_adapters.history import JobRecord, utc_now
 from ojs_adapters.runtime.browse import WaitingFilter
-from ojs_adapters.runtime.dlq import DeadLetterFilter
+from ojs_adapters.runtime.dlq import Coverage, DeadLetterFilter
 from ojs_adapters.web import _overview
 from ojs_adapters.web._console import Console
 from ojs_adapters.web._trouble import bad_input, trouble
@@ -59,6 +59,7 @@ def overview(request: Request, console: Console) -> Response:
     with console.lock:
         with console.backend() as backend:
             depths = backend.depths()
+            partial = coverage_note(backend.dead_letters.coverage())
         sources = console.retries().sources()
         stats = console.stats()
         rows: list[_overview.Row] = []
@@ -70,7 +71,7 @@ def overview(request: Request, console: Console) -> Response:
                                     seconds_per_bucket=60 if window == "hour" else 3600)
     return console.render(request, "overview.html", title="Overview", depths=depths,
                           sources=sources, rows=rows, chart=chart, window=window,
-                          stats_on=stats is not None, colours=_overview.COLOURS,
+                          stats_on=stats is not None, colours=_overview.COLOURS, partial=partial,
                           labels=_overview.LABELS, refresh=True)
 
 
@@ -108,9 +109,24 @@ def letters(request: Request, console: Console) -> Response:
     with console.backend() as backend:
         page = backend.letters(filters, page=number, per_page=PER_PAGE)
         queues = sorted(backend.depths())
+        partial = None if filters.queue else coverage_note(backend.dead_letters.coverage())
     return console.render(request, "letters.html", title="Dead letters", page=page,
                           filters=filters, queues=queues, params=request.query_params,
-                          notice=_notice(request))
+                          notice=_notice(request), partial=partial)
+
+
+def coverage_note(coverage: Coverage) -> str | None:
+    """What to say when the look for dead-letter queues may have missed some (RabbitMQ
+    cannot list queues over AMQP), and how to see them all; ``None`` when it saw all."""
+    if coverage.complete:
+        return None
+    fix = ("let the console list the broker's queues through the RabbitMQ management API "
+           "(the rabbitmq_management plugin enabled, the AMQP user tagged 'management', "
+           "--option management=URL where the API is not beside the broker), or name them "
+           "with --queue NAME" if "RabbitMQ" in coverage.source else
+           "name them with --queue NAME")
+    return (f"Not every dead-letter queue may have been seen, so dead letters may be "
+            f"missing here; {coverage.describe()}. To see them all, {fix}.")
 
 
 @_guarded
@@ -141,20 +157,24 @@ def job(request: Request, console: Console) -> Response:
 
 
 def metrics(request: Request) -> Response:
-    """``ojs_dead_letter_depth{framework,queue}`` and ``ojs_dead_letter_depth_error`` in the
-    Prometheus text format."""
+    """``ojs_dead_letter_depth{framework,queue}``, ``ojs_dead_letter_depth_error`` and
+    ``ojs_dead_letter_depth_complete`` in the Prometheus text format."""
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
     from ojs_adapters.runtime.alerts import DeadLetterDepth
 
     console = console_of(request)
+    looked: list[Coverage] = []
 
     def depths() -> dict[str, int]:
         with console.backend() as backend:
-            return backend.depths()
+            found = backend.depths()
+            looked.append(backend.dead_letters.coverage())  # the look ``depths`` made
+            return found
 
     registry = CollectorRegistry()
-    registry.register(DeadLetterDepth(console.settings.framework, depths))
+    registry.register(DeadLetterDepth(console.settings.framework, depths,
+                                      complete=lambda: looked[-1].complete))
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -119,3 +119,27 @@ def test_a_replay_the_workers_records_are_out_of_reach_for_is_a_409(
     # nothing moved: still dead, not queued
     assert job_id in client.get(f"/dead-letters?queue={env.queue}").text
     assert env.broker.channel.queue_declare(env.queue, passive=True).method.message_count == 0
+
+
+@pytest.mark.broker
+def test_a_partial_look_for_dead_letter_queues_is_said_on_pages_and_metrics(
+        amqp_url: str, redis_url: str) -> None:
+    """Celery on RabbitMQ with the management API unreachable: the console could look only
+    in the queues it knows of; it says so and how to see them all, and /metrics says the
+    depths may be missing a queue (``ojs_dead_letter_depth_complete`` 0)."""
+    closed = f"http://127.0.0.1:{free_port()}"
+    client = console(framework="celery", broker=amqp_url, options={"management": closed})
+    for path in ("/", "/dead-letters"):
+        page = client.get(path)
+        assert page.status_code == 200, path
+        assert 'id="coverage"' in page.text, path
+        assert f"the management API at {closed} did not answer" in page.text, path
+        assert "--option management=URL" in page.text and "--queue NAME" in page.text, path
+    metrics = client.get("/metrics").text
+    assert 'ojs_dead_letter_depth_error{framework="celery"} 0.0' in metrics
+    assert 'ojs_dead_letter_depth_complete{framework="celery"} 0.0' in metrics
+
+    every = console(framework="celery", broker=redis_url)  # Redis lists its keys: all seen
+    assert 'id="coverage"' not in every.get("/").text
+    assert 'ojs_dead_letter_depth_complete{framework="celery"} 1.0' in every.get(
+        "/metrics").text
