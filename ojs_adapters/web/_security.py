@@ -4,8 +4,9 @@ Safe by default: with no token and no auth callable the console is read-only, no
 action button is rendered, and every action is refused (403). Otherwise each
 state-changing request is a POST that carries:
 
-- the operator's identity: a session cookie from ``/login`` (an HMAC of the name,
-  an expiry and a fingerprint of the token, so rotating a token ends its sessions),
+- the operator's identity: a session cookie from ``/login`` (the name percent-encoded,
+  and an HMAC of the name, an expiry and a fingerprint of the token, so rotating a
+  token ends its sessions),
   an ``Authorization: Bearer <token>`` header, or whatever the host application's
   auth callable accepts;
 - a CSRF token: the HMAC of a random cookie (``SameSite=Strict``), in the form
@@ -25,7 +26,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from ojs_adapters.web._settings import ConsoleSettings
 
@@ -70,7 +71,9 @@ class Guard:
     def session(self, name: str, *, now: float | None = None) -> str:
         """The session cookie value for operator ``name``."""
         expires = str(int((now or time.time()) + SESSION_SECONDS))
-        return f"{name}|{expires}|{self._sign('session', name, expires, self._print(name))}"
+        signature = self._sign("session", name, expires, self._print(name))
+        # percent-encoded: any name (``;``, ``,``, ``|``, spaces, any script) is cookie-safe
+        return f"{quote(name, safe='')}|{expires}|{signature}"
 
     def _print(self, name: str) -> str:
         token = self.settings.tokens.get(name, "")
@@ -93,8 +96,9 @@ class Guard:
 
     def from_session(self, value: str, *, now: float | None = None) -> str | None:
         """The operator a session cookie names, if it is genuine, current and its token live."""
-        name, _, rest = value.partition("|")
+        quoted, _, rest = value.partition("|")
         expires, _, signature = rest.partition("|")
+        name = unquote(quoted)  # a malformed escape stays as it is: no signature fits it
         if not name or name not in self.settings.tokens or not expires.isdigit():
             return None
         if int(expires) < (now or time.time()):

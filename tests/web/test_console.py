@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+from markupsafe import escape
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.testclient import TestClient
@@ -347,3 +348,23 @@ def test_a_bulk_delete_takes_only_the_letters_it_counted(backend: FakeBackend) -
                              "csrf": token})
     assert "Deleted 1 dead letter" in done.text
     assert sorted(x.key for x in backend.dead_letters.list().items) == ["d1-again", "late"]
+
+
+@pytest.mark.parametrize("name", ["ops;admin", "a,b", "x y", "Ana María", "李雷", "p|q",
+                                  'o"q\\', "100%25"])
+def test_any_operator_name_round_trips_through_the_session_cookie(
+        backend: FakeBackend, name: str) -> None:
+    """The session cookie percent-encodes the name: a token file's ``name:token`` may hold
+    ``;``, ``,``, ``|``, spaces or any script, and the login still holds."""
+    client = client_for(backend, tokens={name: TOKEN})
+    token = csrf_of(client.get("/login").text)
+    login = client.post("/login", data={"token": TOKEN, "csrf": token}, follow_redirects=False)
+    assert login.status_code == 303
+    cookie = login.headers["set-cookie"].split(";", 1)[0].partition("=")[2]
+    assert cookie.isascii() and not set(cookie) & set(' ,;"\\'), cookie
+    confirm = client.get("/confirm?action=delete&id=d1&queue=q")
+    assert confirm.status_code == 200 and "Delete 1 dead letter?" in confirm.text
+    assert escape(name) in confirm.text  # the header names the operator
+    done = client.post("/actions/dead-letters",
+                       data={"action": "delete", "id": "d1", "queue": "q", "csrf": token})
+    assert "Deleted 1 dead letter" in done.text and backend.dead_letters.list().total == 0
