@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import logging
 
 import click
 
@@ -100,7 +99,9 @@ def command(framework: str, app: str | None, broker: str | None, queues: tuple[s
             allowed_hosts=allowed_hosts(host, hosts))
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from ojs_adapters.web._logs import console_logging
+
+    console_logging()  # the project's INFO lines, not pika's or kombu's
     mode = "read-write for " + ", ".join(sorted(tokens)) if tokens else "read-only"
     where = f"[{host}]" if ":" in host else host
     click.echo(f"ojs console ({framework}, {mode}) on http://{where}:{port}/", err=True)
