@@ -85,6 +85,9 @@ class DramatiqConsole:
     def stats_client(self) -> Any | None:
         if self._redis is not None:
             return self._redis.client
+        records = getattr(self.records, "client", None)  # a RedisRecordStore's Redis
+        if hasattr(records, "hgetall"):
+            return records
         try:
             backend = self.broker.get_results_backend()
         except RuntimeError:

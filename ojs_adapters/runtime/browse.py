@@ -174,8 +174,9 @@ class ConsoleBackend(Protocol):
         """The job record of ``job_id``, where the workers keep records."""
 
     def stats_client(self) -> Any | None:
-        """A client of the Redis the statistics are read from by default: the broker's or
-        the result backend's Redis (``None``: neither is Redis)."""
+        """A client of the Redis the statistics are read from by default: the broker's, the
+        job records' (Dramatiq's ``RedisRecordStore``) or the result backend's Redis
+        (``None``: none is Redis)."""
 
     def close(self) -> None:
         """Release connections."""

@@ -36,7 +36,8 @@ class ConsoleSettings:
     read-only unless ``tokens`` (``{name: token}``) or ``auth`` (a host application's
     callable) is given. ``show_args`` shows job arguments on dead letters (off: they
     may hold personal data). ``stats_url``/``stats_prefix``: where the workers'
-    ``enable_stats`` writes (default: the broker's or result backend's Redis).
+    ``enable_stats`` writes (default: the broker's, the job records' or the result
+    backend's Redis).
     ``secret`` signs sessions and CSRF tokens (random per process by default).
     ``allowed_hosts``: the ``Host`` names it answers (``*.example.com`` for a domain's
     hosts); others get a 400, so a page that rebinds its DNS name to the console's
