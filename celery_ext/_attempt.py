@@ -15,7 +15,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from billiard.exceptions import WorkerLostError
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from celery_ext import _publish_ride as publish_ride
@@ -28,7 +27,6 @@ from celery_ext._inputs import (
     epoch,
     header_policy,
     lost_failure,
-    requested_failure,
     task_jitter_sample,
     terminal_error,
 )
@@ -38,6 +36,8 @@ from celery_ext._result_ride import arm_peek
 from celery_ext._retry_send import send_retry
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext._seat import AttemptSeat, logger
+from celery_ext._self_retry import body_failure, next_call
+from celery_ext._stand_in import stand_in
 from celery_ext._started import store_started
 from celery_ext._unstored import expect_success
 from celery_ext.dlq import replay_info
@@ -77,13 +77,11 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
             raise
         # What ends a failed attempt (Celery's ``Retry``, or ``JobDeadLettered`` with its
         # cause) is raised here, so the traceback Celery formats for it holds no frames of
-        # ours below; its chain is its own (no ``from``).
-        except RetryRequested as request:
-            raise run.fail(requested_failure(request), request.exc)  # noqa: B904
+        # ours below; its chain is its own (no ``from``). ``self.retry``: ``_self_retry``.
         except (SoftTimeLimitExceeded, TimeLimitExceeded) as exc:
             raise run.fail(describe_failure(exc, catalog_code="HANDLER_TIMEOUT"), exc)  # noqa: B904
         except Exception as exc:
-            raise run.fail(exc, exc)  # noqa: B904
+            raise run.fail(*body_failure(run, exc))  # noqa: B904
         held = run.lease_alive()  # asked before the last save lets the lease go
         completed = run.fresh.completed()
         run.save(completed, last=True)
@@ -274,13 +272,12 @@ class Delivery(AttemptSeat):
         last = record.errors[-1]
         headers = merged(self.request.headers, **{HEADER: header.encode()},
                          **error_headers(last, record.attempt + 1))
-        if exc is None:  # a lost attempt: what Celery stores with the RETRY state
-            lost = TimeLimitExceeded if last.code == "HANDLER_TIMEOUT" else WorkerLostError
-            exc = self.exc = lost(last.message)  # the cause, should ``end`` follow instead
+        if exc is None:  # lost or resent: what Celery stores with the RETRY state, and the
+            exc = self.exc = stand_in(last)  # cause should ``end`` follow instead
         try:
             sent = send_retry(self.task, exc, countdown=countdown, not_before=not_before,
                               queue=self.queue, max_retries=self.policy.max_retries,
-                              headers=headers)
+                              headers=headers, **next_call(record))
         except OjsBackendError as error:
             # Task.retry would raise Reject(requeue=False) and drop the job: requeue
             # instead; the redelivery finds the record unmarked and publishes again.
