@@ -35,7 +35,7 @@ from ojs_adapters.runtime.delivery import Unpublished
 SENDING = threading.local()
 
 
-def send_retry(task: Any, exc: BaseException, *, countdown: float, not_before: float,
+def send_retry(task: Any, exc: BaseException | None, *, countdown: float, not_before: float,
                queue: str, max_retries: int | None, headers: Mapping[str, Any],
                args: Any = None, kwargs: Any = None) -> Retry:
     """The ``Retry`` Celery raises once the broker accepted the retry (tried in place on

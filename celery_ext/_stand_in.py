@@ -6,7 +6,7 @@ Celery stores it with the RETRY state and hands it to ``on_retry``/``task_retry`
 is the dead letter's cause should the resend fail for good. It is the recorded failure's
 own class when that class is already imported (never importing anything a record names),
 else a ``JobError`` of the recorded type: never a ``WorkerLostError`` for an attempt that
-failed with an ordinary exception.
+failed with an ordinary exception. A bare ``self.retry()`` had none: ``None``, as in Celery.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ from celery.exceptions import TimeLimitExceeded
 
 from ojs_adapters import ErrorEntry, JobError
 from ojs_adapters.catalog import HANDLER_CODES
-from ojs_adapters.failure import error_type_of
+from ojs_adapters.failure import RETRY_REQUESTED_TYPE, error_type_of
 
 
-def stand_in(entry: ErrorEntry) -> BaseException:
-    """An exception for the failure ``entry`` records."""
+def stand_in(entry: ErrorEntry) -> BaseException | None:
+    """An exception for the failure ``entry`` records; ``None`` for a bare ``self.retry()``
+    (Celery's own ``Retry.exc`` then)."""
+    if entry.type == RETRY_REQUESTED_TYPE:
+        return None
     if entry.code == "HANDLER_TIMEOUT":
         timeout: BaseException = TimeLimitExceeded(entry.message)
         return timeout

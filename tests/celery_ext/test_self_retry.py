@@ -95,14 +95,18 @@ def test_an_option_the_policy_cannot_honour_is_refused_and_the_job_kept(env: Env
     assert letter.headers["id"] == result.id
 
 
-def test_a_resent_retry_carries_the_real_failure_and_the_new_arguments(env: Env) -> None:
+@pytest.mark.parametrize(("kind", "seen"), [("ValueError", (ValueError, "boom")),
+                                            ("ojs.retry_requested", (type(None), "None"))])
+def test_a_resent_retry_carries_the_real_failure_and_the_new_arguments(
+        env: Env, kind: str, seen: tuple[type, str]) -> None:
     """The record says attempt 1 failed with ValueError and its retry (new args) was not
     handed off: the redelivered original sends it again. Celery's RETRY state and
-    ``task_retry`` get a ValueError (not a WorkerLostError), and attempt 2 runs with the
-    arguments ``self.retry(args=...)`` gave."""
+    ``task_retry`` get a ValueError (not a WorkerLostError; ``None`` after a bare
+    ``self.retry()``, as in Celery), and attempt 2 runs with the arguments
+    ``self.retry(args=...)`` gave."""
     queue, task = env.take_queue(), env.tasks["retrying"]
     task_id = str(uuid.uuid4())
-    entry = ErrorEntry(1, "HANDLER_ERROR", "ValueError", "boom", "2026-11-27T00:00:00Z")
+    entry = ErrorEntry(1, "HANDLER_ERROR", kind, "boom", "2026-11-27T00:00:00Z")
     decided = JobRecord(id=task_id, type=task.name, queue=queue, max_attempts=3, extra={
         "countdowns": [0.05], "jitter_samples": [None],
         "next_call": {"args": ["args", 5], "kwargs": None}}).started(1)
@@ -119,7 +123,7 @@ def test_a_resent_retry_carries_the_real_failure_and_the_new_arguments(env: Env)
         wait_for(lambda: reasons)  # attempt 2 may end before the resend's thread reports
     finally:
         signals.task_retry.disconnect(note)
-    assert [(type(r.exc), str(r.exc)) for r in reasons] == [(ValueError, "boom")]  # Retry.exc
+    assert [(type(r.exc), str(r.exc)) for r in reasons] == [seen]  # Retry.exc
     assert (said, CALLS[task_id]) == ("n=5", [(2, 5)])  # attempt 1 is not run again
 
 
