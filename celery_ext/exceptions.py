@@ -45,7 +45,7 @@ class JobDiscarded(Exception):
         return str(self.args[0])
 
     def __repr__(self) -> str:
-        # Celery's worker log shows ``repr(exc)`` ("raised expected: ..."): the sentence,
+        # Celery's worker log shows ``repr(exc)`` ("raised unexpected: ..."): the sentence,
         # not the whole record held in ``args`` (it reaches the result backend as ever).
         return f"{type(self).__name__}({self.args[0]!r})"
 
