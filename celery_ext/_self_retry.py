@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import sys
 import time
 from collections.abc import Mapping
@@ -119,10 +120,11 @@ def eager_call(task: Any, call: Mapping[str, Any]) -> tuple[tuple[Any, ...], dic
 
 def _least_delay(task: Any, eta: Any, countdown: Any) -> float | None:
     if countdown is not None:
-        if isinstance(countdown, bool) or not isinstance(countdown, (int, float)) \
-                or math.isnan(countdown):
-            raise RetryRefused(f"OjsTask.retry(countdown=...) must be a number of seconds, "
-                               f"got {countdown!r}", field="countdown", rule="number")
+        if isinstance(countdown, bool) or not isinstance(countdown, numbers.Real) \
+                or not math.isfinite(countdown):
+            raise RetryRefused(f"OjsTask.retry(countdown=...) must be a finite number of "
+                               f"seconds, got {countdown!r}", field="countdown",
+                               rule="finite number")
         return max(0.0, float(countdown))  # a past moment: now, as Celery's ETA would be
     if eta is None:
         return None

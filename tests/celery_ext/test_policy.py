@@ -207,7 +207,8 @@ def test_retry_options_the_policy_cannot_honour_are_refused() -> None:
 
     for given, field in [({"queue": "other"}, "queue"), ({"throw": False}, "throw"),
                          ({"max_retries": -1}, "max_retries"), ({"eta": 5}, "eta"),
-                         ({"args": object()}, "args")]:
+                         ({"args": object()}, "args"), ({"countdown": "soon"}, "countdown"),
+                         ({"countdown": float("inf")}, "countdown")]:
         with pytest.raises(RetryRefused) as info:
             strict.retry(**given)
         assert (info.value.code, info.value.details["field"]) == ("INVALID_ARGS", field)
