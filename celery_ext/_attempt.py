@@ -36,7 +36,7 @@ from celery_ext._result_ride import arm_peek
 from celery_ext._retry_send import send_retry
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext._seat import AttemptSeat, logger
-from celery_ext._self_retry import body_failure, next_call
+from celery_ext._self_retry import body_failure, next_call, without_call
 from celery_ext._stand_in import stand_in
 from celery_ext._started import store_started
 from celery_ext._unstored import expect_success
@@ -198,7 +198,8 @@ class Delivery(AttemptSeat):
                 **record.extra,
                 "countdowns": [*self.state.countdowns, delay],
                 "jitter_samples": [*self.state.jitter_samples, decision.jitter_sample]})
-        record = record.failed(decision.entry, action=decision.action, reason=decision.reason)
+        record = without_call(record).failed(decision.entry, action=decision.action,
+                                             reason=decision.reason)
         if decision.action == "dead_letter":
             record = replace(record, extra={
                 **record.extra, "dead_letter_queue": dead_letter_queue_for(self.task, self.queue)})
@@ -211,9 +212,9 @@ class Delivery(AttemptSeat):
         delay = float(decision.delay or 0.0)
         not_before = time.time() + delay
         app = self.task.app
-        riding = not wants_park(app, not_before) and \
-            self.store.save_with_publish(app, handed_off(record), self.queue, first=True,
-                                         alone=lambda: self.save(record))
+        riding = not wants_park(app, not_before) and self.store.save_with_publish(
+            app, handed_off(without_call(record)), self.queue, first=True,
+            alone=lambda: self.save(record))
         if not riding:
             self.save(record)
         try:
@@ -289,7 +290,7 @@ class Delivery(AttemptSeat):
         if decision is not None:
             self.report(decision)
         # Dropped if the retry already ran and saved its own; the lease goes with it.
-        self.save(handed_off(record), last=True)
+        self.save(handed_off(without_call(record)), last=True)
         # Without the frames of the publish (Task.retry inside the confirming connection):
         # Celery formats this traceback for every retry it logs, ~0.3-0.9 ms per frame set.
         retry: BaseException = sent.with_traceback(None)

@@ -40,7 +40,7 @@ from celery_ext._headers import HEADER, HeaderState, merged
 from celery_ext._inputs import header_policy, raise_terminal, task_jitter_sample
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext._seat import ended_record
-from celery_ext._self_retry import NEXT_CALL, body_failure, eager_call
+from celery_ext._self_retry import NEXT_CALL, body_failure, eager_call, without_call
 from celery_ext.dlq import replay_info
 from celery_ext.records import RecordStore
 from ojs_adapters import JobContext, JobRecord, RetryPolicy, decide
@@ -170,8 +170,8 @@ class _EagerJob:
         """Store the terminal record and raise ``JobDiscarded`` / ``JobDeadLettered``."""
         if decision is None:
             decision = decide(self.policy, self.state.attempt, error)
-        record = self.base.failed(decision.entry, action=decision.action,
-                                  reason=decision.reason)
+        record = without_call(self.base).failed(decision.entry, action=decision.action,
+                                                reason=decision.reason)
         if decision.action == "dead_letter":
             record = replace(record, extra={
                 **record.extra, "dead_letter_queue": dead_letter_queue_for(self.task, self.queue)})

@@ -100,6 +100,14 @@ def body_failure(run: Any, raised: Exception) -> tuple[BaseException | Failure,
     return error, cause
 
 
+def without_call(record: JobRecord) -> JobRecord:
+    """``record`` without the next call's arguments: kept only while a retry may have to be
+    sent again from it, not once it is handed off or the job has ended."""
+    if NEXT_CALL not in record.extra:
+        return record
+    return replace(record, extra={k: v for k, v in record.extra.items() if k != NEXT_CALL})
+
+
 def next_call(record: JobRecord) -> dict[str, Any]:
     """``args``/``kwargs`` for ``Task.retry`` from ``record`` (empty: the request's own)."""
     call = record.extra.get(NEXT_CALL)

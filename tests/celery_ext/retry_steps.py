@@ -35,6 +35,12 @@ def retrying(task: Any, step: str, n: int) -> str:
         if attempt == 1:
             raise task.retry(kwargs={"n": n + 20})
         return f"n={n}"
+    if step == "args-later":  # new arguments, and a wait long enough to look at the record
+        if attempt == 1:
+            raise task.retry(args=(step, n + 10), countdown=1.5)
+        return f"n={n}"
+    if step == "args-refused-by-policy":  # the policy ends the job: no next call
+        raise task.retry(exc=ValueError("permanent"), args=(step, 99))
     if step == "eta":
         if attempt == 1:
             raise task.retry(eta=dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=0.4))

@@ -19,6 +19,7 @@ from celery_ext import JobDeadLettered, JobDiscarded, get_job_record
 from celery_ext.records import RecordStore
 from ojs_adapters import JobRecord
 from ojs_adapters.history import ErrorEntry
+from ojs_adapters.runtime.handoff import HANDED_OFF
 from tests.celery_ext.conftest import Env
 from tests.celery_ext.retry_steps import CALLS
 from tests.celery_ext.support import drain, wait_for
@@ -48,6 +49,30 @@ def test_self_retry_args_and_kwargs_are_what_the_next_attempt_runs_with(
     result = env.tasks["retrying"].apply_async((step, 0), queue=env.take_queue())
     assert result.get(**GET) == said
     assert [attempt for attempt, _ in CALLS[result.id]] == [1, 2]
+
+
+def test_new_arguments_leave_the_record_once_the_retry_is_handed_off(env: Env) -> None:
+    """The record keeps ``self.retry(args=...)`` only while the retry may have to be sent
+    again from it: not once it is on the broker (the record is readable by operators)."""
+    result = env.tasks["retrying"].apply_async(("args-later", 0), queue=env.take_queue())
+    waiting = wait_for(lambda: (r := get_job_record(result.id, app=env.app)) is not None
+                       and r.extra.get(HANDED_OFF) is not None and r)
+    assert (waiting.state, waiting.attempt) == ("retryable", 1)
+    assert "next_call" not in waiting.extra
+    assert result.get(**GET) == "n=10"
+
+
+def test_ret07_a_job_ended_by_the_policy_keeps_no_next_arguments(env: Env) -> None:
+    """``self.retry(exc=ValueError, args=...)`` with ValueError non-retryable: discarded, and
+    the final record holds no arguments."""
+    result = env.tasks["retrying"].apply_async(
+        ("args-refused-by-policy", 0), queue=env.take_queue(),
+        retry_policy={"non_retryable_errors": ["ValueError"]})
+    with pytest.raises(JobDiscarded) as info:
+        result.get(**GET)
+    assert info.value.record.outcome == "discarded"
+    assert "next_call" not in info.value.record.extra
+    assert "next_call" not in _record(env, result.id).extra
 
 
 def test_ret08_eta_is_the_least_delay_before_the_next_attempt(env: Env) -> None:
