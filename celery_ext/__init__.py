@@ -9,7 +9,8 @@
 
 Public names: ``OjsTask``; ``get_job_record(task_id, app=app)``; the
 exceptions ``JobDiscarded`` and ``JobDeadLettered`` that ``AsyncResult.get()``
-raises for a job the policy ended (``.record`` holds its job record);
+raises for a job the policy ended (``.record`` holds its job record), and
+``RetryRefused``, what ``self.retry(...)`` raises for an option the policy cannot honour;
 ``check_worker_settings(app)``; ``HEADER`` and ``DEAD_LETTER_HEADER``, the
 message headers carrying the history. App settings read:
 ``ojs_default_retry_policy``, ``ojs_jitter_source``, ``ojs_dead_letter_queue``,
@@ -21,7 +22,7 @@ from celery_ext._checks import check_worker_settings
 from celery_ext._current import current_job
 from celery_ext._deadletter import DEAD_LETTER_HEADER
 from celery_ext._headers import HEADER
-from celery_ext.exceptions import JobDeadLettered, JobDiscarded
+from celery_ext.exceptions import JobDeadLettered, JobDiscarded, RetryRefused
 from celery_ext.records import get_job_record
 from celery_ext.task import OjsTask
 
@@ -31,6 +32,7 @@ __all__ = [
     "JobDeadLettered",
     "JobDiscarded",
     "OjsTask",
+    "RetryRefused",
     "check_worker_settings",
     "current_job",
     "get_job_record",

@@ -15,7 +15,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from billiard.exceptions import WorkerLostError
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from celery_ext import _publish_ride as publish_ride
@@ -28,7 +27,6 @@ from celery_ext._inputs import (
     epoch,
     header_policy,
     lost_failure,
-    requested_failure,
     task_jitter_sample,
     terminal_error,
 )
@@ -38,6 +36,8 @@ from celery_ext._result_ride import arm_peek
 from celery_ext._retry_send import send_retry
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext._seat import AttemptSeat, logger
+from celery_ext._self_retry import body_failure, next_call, without_call
+from celery_ext._stand_in import stand_in
 from celery_ext._started import store_started
 from celery_ext._unstored import expect_success
 from celery_ext.dlq import replay_info
@@ -77,13 +77,11 @@ def run_attempt(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
             raise
         # What ends a failed attempt (Celery's ``Retry``, or ``JobDeadLettered`` with its
         # cause) is raised here, so the traceback Celery formats for it holds no frames of
-        # ours below; its chain is its own (no ``from``).
-        except RetryRequested as request:
-            raise run.fail(requested_failure(request), request.exc)  # noqa: B904
+        # ours below; its chain is its own (no ``from``). ``self.retry``: ``_self_retry``.
         except (SoftTimeLimitExceeded, TimeLimitExceeded) as exc:
             raise run.fail(describe_failure(exc, catalog_code="HANDLER_TIMEOUT"), exc)  # noqa: B904
         except Exception as exc:
-            raise run.fail(exc, exc)  # noqa: B904
+            raise run.fail(*body_failure(run, exc))  # noqa: B904
         held = run.lease_alive()  # asked before the last save lets the lease go
         completed = run.fresh.completed()
         run.save(completed, last=True)
@@ -200,7 +198,8 @@ class Delivery(AttemptSeat):
                 **record.extra,
                 "countdowns": [*self.state.countdowns, delay],
                 "jitter_samples": [*self.state.jitter_samples, decision.jitter_sample]})
-        record = record.failed(decision.entry, action=decision.action, reason=decision.reason)
+        record = without_call(record).failed(decision.entry, action=decision.action,
+                                             reason=decision.reason)
         if decision.action == "dead_letter":
             record = replace(record, extra={
                 **record.extra, "dead_letter_queue": dead_letter_queue_for(self.task, self.queue)})
@@ -213,9 +212,9 @@ class Delivery(AttemptSeat):
         delay = float(decision.delay or 0.0)
         not_before = time.time() + delay
         app = self.task.app
-        riding = not wants_park(app, not_before) and \
-            self.store.save_with_publish(app, handed_off(record), self.queue, first=True,
-                                         alone=lambda: self.save(record))
+        riding = not wants_park(app, not_before) and self.store.save_with_publish(
+            app, handed_off(without_call(record)), self.queue, first=True,
+            alone=lambda: self.save(record))
         if not riding:
             self.save(record)
         try:
@@ -274,13 +273,12 @@ class Delivery(AttemptSeat):
         last = record.errors[-1]
         headers = merged(self.request.headers, **{HEADER: header.encode()},
                          **error_headers(last, record.attempt + 1))
-        if exc is None:  # a lost attempt: what Celery stores with the RETRY state
-            lost = TimeLimitExceeded if last.code == "HANDLER_TIMEOUT" else WorkerLostError
-            exc = self.exc = lost(last.message)  # the cause, should ``end`` follow instead
+        if exc is None:  # lost or resent: what Celery stores with the RETRY state, and the
+            exc = self.exc = stand_in(last)  # cause should ``end`` follow instead
         try:
             sent = send_retry(self.task, exc, countdown=countdown, not_before=not_before,
                               queue=self.queue, max_retries=self.policy.max_retries,
-                              headers=headers)
+                              headers=headers, **next_call(record))
         except OjsBackendError as error:
             # Task.retry would raise Reject(requeue=False) and drop the job: requeue
             # instead; the redelivery finds the record unmarked and publishes again.
@@ -292,7 +290,7 @@ class Delivery(AttemptSeat):
         if decision is not None:
             self.report(decision)
         # Dropped if the retry already ran and saved its own; the lease goes with it.
-        self.save(handed_off(record), last=True)
+        self.save(handed_off(without_call(record)), last=True)
         # Without the frames of the publish (Task.retry inside the confirming connection):
         # Celery formats this traceback for every retry it logs, ~0.3-0.9 ms per frame set.
         retry: BaseException = sent.with_traceback(None)

@@ -37,15 +37,10 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitEx
 from celery_ext._budgets import budget_of
 from celery_ext._current import CONTEXT_ATTRIBUTE
 from celery_ext._headers import HEADER, HeaderState, merged
-from celery_ext._inputs import (
-    RetryRequested,
-    header_policy,
-    raise_terminal,
-    requested_failure,
-    task_jitter_sample,
-)
+from celery_ext._inputs import header_policy, raise_terminal, task_jitter_sample
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext._seat import ended_record
+from celery_ext._self_retry import NEXT_CALL, body_failure, eager_call, without_call
 from celery_ext.dlq import replay_info
 from celery_ext.records import RecordStore
 from ojs_adapters import JobContext, JobRecord, RetryPolicy, decide
@@ -71,6 +66,10 @@ def run_eager(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         done, result = job.attempt(args, kwargs)
         if done:
             return result
+        call, job.next_call = job.next_call, None  # ``self.retry(args=...)`` of the last attempt
+        if call:
+            args, kwargs = eager_call(task, call)
+            job.request.args, job.request.kwargs = list(args), kwargs
 
 
 class _EagerJob:
@@ -82,6 +81,7 @@ class _EagerJob:
         self.store = RecordStore(task.backend)
         self.queue = queue_of(task.app, self.request.delivery_info)
         self.dependency: str | None = getattr(type(task), "retry_budget", None)
+        self.next_call: Any = None  # the arguments the next attempt runs with, if new
         self.read(self.request.headers)
         note_job("celery", str(self.request.id), task.app)
 
@@ -113,12 +113,10 @@ class _EagerJob:
             # Celery control flow the handler chose: the job ends (nothing requeues here).
             self.save(ended_record(self.base.started(self.state.attempt), raised))
             raise
-        except RetryRequested as request:
-            self.fail(requested_failure(request), request.exc)
         except (SoftTimeLimitExceeded, TimeLimitExceeded) as exc:
             self.fail(describe_failure(exc, catalog_code="HANDLER_TIMEOUT"), exc)
         except Exception as exc:
-            self.fail(exc, exc)
+            self.fail(*body_failure(self, exc))  # self.retry(...): _self_retry
         else:
             self.save(self.base.started(self.state.attempt).completed())
             return True, result
@@ -164,6 +162,7 @@ class _EagerJob:
                          **error_headers(record.errors[-1], record.attempt + 1))
         self.request.headers = headers
         self.request.retries = record.attempt  # as Task.retry counts them
+        self.next_call = record.extra.get(NEXT_CALL)
         self.read(headers)
 
     def end(self, error: BaseException | Failure, exc: BaseException | None, *,
@@ -171,8 +170,8 @@ class _EagerJob:
         """Store the terminal record and raise ``JobDiscarded`` / ``JobDeadLettered``."""
         if decision is None:
             decision = decide(self.policy, self.state.attempt, error)
-        record = self.base.failed(decision.entry, action=decision.action,
-                                  reason=decision.reason)
+        record = without_call(self.base).failed(decision.entry, action=decision.action,
+                                                reason=decision.reason)
         if decision.action == "dead_letter":
             record = replace(record, extra={
                 **record.extra, "dead_letter_queue": dead_letter_queue_for(self.task, self.queue)})

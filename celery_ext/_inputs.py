@@ -28,12 +28,17 @@ JITTER_SETTING = "ojs_jitter_source"
 
 
 class RetryRequested(Exception):
-    """Raised by ``OjsTask.retry``: the handler asks for a retry; the policy decides."""
+    """Raised by ``OjsTask.retry``: the handler asks for a retry; the policy decides
+    (``_self_retry``: ``max_attempts`` this failure's budget, ``next_call`` new arguments)."""
 
-    def __init__(self, exc: BaseException | None, countdown: float | None) -> None:
+    def __init__(self, exc: BaseException | None, countdown: float | None, *,
+                 max_attempts: int | None = None,
+                 next_call: dict[str, Any] | None = None) -> None:
         super().__init__(exc, countdown)
         self.exc = exc
         self.countdown = countdown
+        self.max_attempts = max_attempts
+        self.next_call = next_call
 
 
 def header_policy(task: Any, state: HeaderState) -> RetryPolicy:

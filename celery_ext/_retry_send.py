@@ -35,16 +35,18 @@ from ojs_adapters.runtime.delivery import Unpublished
 SENDING = threading.local()
 
 
-def send_retry(task: Any, exc: BaseException, *, countdown: float, not_before: float,
-               queue: str, max_retries: int | None, headers: Mapping[str, Any]) -> Retry:
+def send_retry(task: Any, exc: BaseException | None, *, countdown: float, not_before: float,
+               queue: str, max_retries: int | None, headers: Mapping[str, Any],
+               args: Any = None, kwargs: Any = None) -> Retry:
     """The ``Retry`` Celery raises once the broker accepted the retry (tried in place on
-    broker errors). Raises ``OjsBackendError`` if the broker does not accept it, and
-    ``Unpublished`` if it cannot be published for another reason (every try would fail)."""
+    broker errors), with the body's ``args``/``kwargs`` if it gave any (``_self_retry``).
+    Raises ``OjsBackendError`` if the broker does not accept it, and ``Unpublished`` if it
+    cannot be published for another reason (every try would fail)."""
 
     def publish(producer: Any) -> Retry:
         SENDING.retry = task.request.id
         try:
-            Task.retry(task, exc=exc, countdown=countdown, max_retries=max_retries,
+            Task.retry(task, args, kwargs, exc=exc, countdown=countdown, max_retries=max_retries,
                        retry=False, producer=producer,
                        headers={**headers, TOKEN_HEADER: new_token()})
         except Retry as sent:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ojs_adapters import JobRecord
+from ojs_adapters import JobRecord, OjsValidationError
 
 
 class JobDiscarded(Exception):
@@ -45,7 +45,7 @@ class JobDiscarded(Exception):
         return str(self.args[0])
 
     def __repr__(self) -> str:
-        # Celery's worker log shows ``repr(exc)`` ("raised expected: ..."): the sentence,
+        # Celery's worker log shows ``repr(exc)`` ("raised unexpected: ..."): the sentence,
         # not the whole record held in ``args`` (it reaches the result backend as ever).
         return f"{type(self).__name__}({self.args[0]!r})"
 
@@ -55,3 +55,24 @@ class JobDeadLettered(JobDiscarded):
 
     ``record.extra["dead_letter_queue"]`` names the queue that holds it.
     """
+
+
+class RetryRefused(OjsValidationError):
+    """``OjsTask.retry(...)`` was given an argument the OJS policy cannot honour
+    (``throw=False``, a routing or time-limit option, arguments JSON cannot hold).
+
+    ``details`` names the ``field`` and the ``rule``. Raised in the task body; if it
+    leaves the body the job is dead-lettered (kept for a person, whatever
+    ``on_exhaustion`` says), never dropped.
+    """
+
+    def __init__(self, message: str, *, field: str = "", rule: str = "") -> None:
+        super().__init__(message, code="INVALID_ARGS", details={"field": field, "rule": rule})
+
+    def __reduce__(self) -> Any:  # pickled whole (an eager result), not rebuilt as cls(message)
+        return (_rebuild_refused, (self.message, self.details.get("field", ""),
+                                   self.details.get("rule", "")))
+
+
+def _rebuild_refused(message: str, field: str, rule: str) -> RetryRefused:
+    return RetryRefused(message, field=field, rule=rule)

@@ -11,15 +11,15 @@ docs/getting-started/celery-redis.md.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, ClassVar, TypedDict
 
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
+from celery.utils.serialization import raise_with_context
 
-from celery_ext._attempt import RetryRequested, run_attempt
+from celery_ext._attempt import run_attempt
 from celery_ext._current import CONTEXT_ATTRIBUTE, RUNNING, job_context
 from celery_ext._eager import run_eager
 from celery_ext._eager_warnings import warn_eager_once, warn_not_eager_once
@@ -28,8 +28,8 @@ from celery_ext._parking import install as install_parking
 from celery_ext._policy import reject_celery_retry_options, task_policy
 from celery_ext._replace import SEAT_ATTRIBUTE, hand_over, prepare
 from celery_ext._retry_send import SENDING
+from celery_ext._self_retry import checked, retry_request
 from celery_ext._started import take_over as take_over_track_started
-from celery_ext.exceptions import JobDiscarded
 from ojs_adapters import (
     JobContext,
     OjsValidationError,
@@ -97,7 +97,9 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
     reject_on_worker_lost = True
     retry_on_worker_lost = False  # Celery would retry with its own delay
     max_retries = None  # each retry passes the policy's own limit
-    throws = (JobDiscarded,)  # a job the policy ended is logged without a traceback
+    # The last failure logs at ERROR with its traceback, as Celery logs any failure:
+    # ``JobDiscarded``/``JobDeadLettered`` chain the body's exception (``_inputs``).
+    throws: tuple[type[BaseException], ...] = ()
     Request = "celery_ext._request:OjsRequest"  # dead letters and hard limits: main process
 
     #: Celery's own tasks (``celery.chord_unlock``, ...) made from OjsTask by
@@ -218,23 +220,23 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
     def retry(self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None,
               throw: bool = True, eta: Any = None, countdown: float | None = None,
               max_retries: int | None = None, **options: Any) -> Any:
-        """Ask for a retry from the task body: the failure ``exc`` goes through the policy.
+        """Ask for a retry from the task body: a RETRY failure that goes through the policy.
 
-        The policy decides whether and when (``countdown`` is only a minimum
-        delay); ``args``, ``kwargs``, ``eta`` and ``max_retries`` are not
-        supported on an OjsTask and raise ``OjsValidationError``.
+        ``countdown``/``eta`` give the least delay, ``max_retries`` this call's budget
+        (``max_retries + 1`` attempts), ``args``/``kwargs`` the next attempt's arguments; a
+        spent budget raises ``exc`` or ``MaxRetriesExceededError`` as Celery does. Other
+        options raise ``RetryRefused`` (``_self_retry``). A direct or plain eager call runs
+        the body once: it raises ``exc`` (or Celery's ``Retry``) as Celery's direct call does.
         """
         if self.native:
             return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries,
                                  **options)
-        unsupported = {"args": args, "kwargs": kwargs, "eta": eta, "max_retries": max_retries,
-                       **options}
-        given = sorted(k for k, v in unsupported.items() if v is not None)
-        if given or not throw:
-            raise OjsValidationError(
-                f"OjsTask.retry() takes only exc= and countdown=; got {given or ['throw']}",
-                code="INVALID_ARGS", details={"field": (given or ["throw"])[0]})
-        raise RetryRequested(exc if exc is not None else sys.exc_info()[1], countdown)
+        request = self.request
+        if request.called_directly or (request.is_eager and not instant_retries_active()):
+            checked(self, args, kwargs, throw, eta, countdown, max_retries, options)
+            raise_with_context(exc or Retry("Task can be retried", None))
+        raise retry_request(self, args, kwargs, exc, throw, eta, countdown, max_retries,
+                            options)
 
 
 def _make_native(cls: type[OjsTask]) -> None:

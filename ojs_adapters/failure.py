@@ -33,6 +33,8 @@ WORKER_LOST_TYPE = "ojs.worker_lost"
 INVALID_PAYLOAD_TYPE = "ojs.invalid_payload"
 #: Error type of a successor that cannot be published for a reason other than the broker.
 UNPUBLISHABLE_TYPE = "ojs.successor_unpublishable"
+#: Error type of a retry the handler asked for with no exception (``self.retry()``).
+RETRY_REQUESTED_TYPE = "ojs.retry_requested"
 
 
 class JobError(Exception):
@@ -201,10 +203,19 @@ def requested_retry(cause: BaseException | None, minimum_delay: float | None) ->
     >>> f = requested_retry(ValueError("stale"), 2.0)
     >>> f.type, f.handler_code, f.retry_after
     ('ValueError', 'RETRY', 2.0)
-    >>> requested_retry(None, None).message
-    'retry requested by the handler'
+
+    With no ``cause`` no exception type is made up: the entry is ``ojs.retry_requested``,
+    which no ``non_retryable_errors`` entry naming a class matches.
+
+    >>> f = requested_retry(None, None)
+    >>> f.type, f.message, f.names
+    ('ojs.retry_requested', 'retry requested by the handler', ('ojs.retry_requested',))
     """
-    failure = describe_failure(cause or RuntimeError("retry requested by the handler"))
+    if cause is None:
+        return Failure(RETRY_REQUESTED_TYPE, "retry requested by the handler",
+                       (RETRY_REQUESTED_TYPE,), handler_code="RETRY",
+                       retry_after=None if minimum_delay is None else float(minimum_delay))
+    failure = describe_failure(cause)
     retry_after = failure.retry_after
     if minimum_delay is not None:
         retry_after = max(retry_after or 0.0, float(minimum_delay))

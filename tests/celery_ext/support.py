@@ -35,6 +35,7 @@ from kombu import Connection
 from celery_ext import OjsTask
 from celery_ext._headers import HeaderState
 from ojs_adapters import JobError
+from tests.celery_ext import retry_steps
 
 #: Seed of the jitter source of the ``timed`` task.
 JITTER_SEED = 20260212
@@ -165,7 +166,12 @@ def register_tasks(app: Celery) -> dict[str, Any]:
             raise JobError("order.invalid", detail, code="FAIL")
         raise AssertionError(f"unknown step {step!r}")
 
-    return {"scripted": scripted, "timed": timed, "payment": payment}
+    @app.task(shared=False, base=OjsTask, bind=True, name=f"{app.main}.retrying",
+              retry_policy=SCRIPTED_POLICY)
+    def retrying(self: Any, step: str, n: int = 0) -> str:
+        return retry_steps.retrying(self, step, n)
+
+    return {"scripted": scripted, "timed": timed, "payment": payment, "retrying": retrying}
 
 
 @dataclass

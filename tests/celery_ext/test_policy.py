@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import pytest
 from celery import Celery, signals
 
-from celery_ext import JobDeadLettered, JobDiscarded, OjsTask, check_worker_settings
+from celery_ext import JobDeadLettered, JobDiscarded, OjsTask, RetryRefused, check_worker_settings
 from ojs_adapters import JobRecord, OjsValidationError
 
 
@@ -196,16 +196,24 @@ def test_worker_start_logs_each_problem(caplog: pytest.LogCaptureFixture) -> Non
     assert any("RPCBackend" in m for m in messages)
 
 
-def test_retry_options_celery_would_apply_are_refused() -> None:
-    """OjsTask.retry takes exc= and countdown= only: max_retries, eta... belong to the policy."""
+def test_retry_options_the_policy_cannot_honour_are_refused() -> None:
+    """OjsTask.retry refuses what the policy cannot honour (a routing option, throw=False,
+    a max_retries that is no count), naming the field; a direct call otherwise raises
+    ``exc`` as Celery's direct call does."""
     app = _app()
 
     @app.task(shared=False, base=OjsTask)
     def strict() -> None: ...
 
-    with pytest.raises(OjsValidationError) as info:
-        strict.retry(max_retries=9)
-    assert info.value.details["field"] == "max_retries"
+    for given, field in [({"queue": "other"}, "queue"), ({"throw": False}, "throw"),
+                         ({"max_retries": -1}, "max_retries"), ({"eta": 5}, "eta"),
+                         ({"args": object()}, "args"), ({"countdown": "soon"}, "countdown"),
+                         ({"countdown": float("inf")}, "countdown")]:
+        with pytest.raises(RetryRefused) as info:
+            strict.retry(**given)
+        assert (info.value.code, info.value.details["field"]) == ("INVALID_ARGS", field)
+    with pytest.raises(KeyError):
+        strict.retry(exc=KeyError("k"), max_retries=9, countdown=1)
 
 
 def test_a_proposed_policy_that_is_not_the_same_says_so() -> None:

@@ -284,7 +284,7 @@ def test_ret08_handler_retry_records_its_cause_with_code_retry(env: Env) -> None
     assert record.state == "completed"
     assert [(e.type, e.handler_code, e.message) for e in record.errors] == [
         ("ValueError", "RETRY", "asked to retry"),
-        ("RuntimeError", "RETRY", "retry requested by the handler")]
+        ("ojs.retry_requested", "RETRY", "retry requested by the handler")]
     assert record.extra["countdowns"][0] == 0.3  # the handler's 300 ms over the policy's 50
     assert calls[1] - calls[0] >= 0.3
 

@@ -1,0 +1,57 @@
+"""The ``retrying`` test task's steps: Celery's ``self.retry(...)`` called the ways users call it.
+
+``retrying(step, n)`` records each run in ``CALLS[task_id]`` as ``(attempt, n)``; each
+step retries on attempt 1 (or every attempt) and returns what the later attempt saw.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections import defaultdict
+from typing import Any
+
+from celery.exceptions import MaxRetriesExceededError
+
+#: ``(attempt, n)`` per run, per task id.
+CALLS: dict[str, list[tuple[int, int]]] = defaultdict(list)
+_LOCK = threading.Lock()
+
+
+def retrying(task: Any, step: str, n: int) -> str:
+    """Carry out ``step`` on the current attempt of ``task``."""
+    attempt = task.ojs.attempt
+    with _LOCK:
+        CALLS[task.request.id].append((attempt, n))
+    if step == "bare":  # no exception in flight, none given
+        if attempt == 1:
+            raise task.retry()
+        return "ok"
+    if step == "args":
+        if attempt == 1:
+            raise task.retry(args=(step, n + 10))
+        return f"n={n}"
+    if step == "kwargs":
+        if attempt == 1:
+            raise task.retry(kwargs={"n": n + 20})
+        return f"n={n}"
+    if step == "args-later":  # new arguments, and a wait long enough to look at the record
+        if attempt == 1:
+            raise task.retry(args=(step, n + 10), countdown=1.5)
+        return f"n={n}"
+    if step == "args-refused-by-policy":  # the policy ends the job: no next call
+        raise task.retry(exc=ValueError("permanent"), args=(step, 99))
+    if step == "eta":
+        if attempt == 1:
+            raise task.retry(eta=dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=0.4))
+        return "ok"
+    if step == "max-retries":  # one retry, whatever the policy's max_attempts
+        raise task.retry(exc=ValueError(f"attempt {attempt}"), max_retries=1)
+    if step == "catch-max":  # Celery's documented fallback once retries are spent
+        try:
+            raise task.retry(max_retries=1)
+        except MaxRetriesExceededError:
+            return f"gave up at {attempt}"
+    if step == "refused":
+        raise task.retry(exc=ValueError("x"), queue="elsewhere")
+    raise AssertionError(f"unknown step {step!r}")
