@@ -271,10 +271,17 @@ def replay(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
         print_json({"replayed": list(report.replayed), "skipped": list(report.skipped)})
     else:
         click.echo(f"replayed {_letters(len(report.replayed))}" + (
-            f"; skipped {len(report.skipped)} not (or no longer) dead letters here"
-            if report.skipped else ""))
+            f"; skipped {len(report.skipped)}" if report.skipped else ""))
+    _tell_skipped(report.skipped)
     if job_ids and report.skipped:  # a script must tell a typo from a replay
         raise click.exceptions.Exit(1)
+
+
+def _tell_skipped(skipped: tuple[str, ...]) -> None:
+    """Name on stderr the ids asked for that named no dead letter (a typo, or gone meanwhile)."""
+    if skipped:
+        click.echo(f"not (or no longer) dead letters here: {', '.join(sorted(set(skipped)))}",
+                   err=True)
 
 
 def _letters(count: int) -> str:
@@ -302,9 +309,7 @@ def delete(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
         print_json({"deleted": list(report.deleted), "skipped": list(report.skipped)})
     else:
         click.echo(f"deleted {len(report.deleted)}")
-    if report.skipped:  # a script must tell a typo from a delete: the ids that named nothing
-        click.echo(f"not (or no longer) dead letters here: "
-                   f"{', '.join(sorted(set(report.skipped)))}", err=True)
+    _tell_skipped(report.skipped)  # a script must tell a typo from a delete
     if job_ids and not report.deleted:  # none of the ids named a dead letter here
         raise click.exceptions.Exit(1)
 

@@ -129,7 +129,8 @@ def test_dlq_verbs_list_show_replay_delete_prune_purge(setup: Setup) -> None:
     again = setup.run("replay", ids[0], "--json")  # no longer dead: said, and exit 1
     assert again.exit_code == 1 and json.loads(again.stdout)["skipped"] == [ids[0]]
     typo = setup.run("replay", "no-such-job")
-    assert typo.exit_code == 1 and "skipped 1 not (or no longer) dead" in typo.output
+    assert typo.exit_code == 1
+    assert "not (or no longer) dead letters here: no-such-job" in typo.stderr
     typo = setup.run("delete", "no-such-job")
     assert typo.exit_code == 1 and "not (or no longer) dead letters here: no-such-job" \
         in typo.output  # the id that named nothing, not just "deleted 0"
@@ -280,3 +281,14 @@ def test_dlq_list_keeps_typical_names_whole_at_the_piped_width(
                  "builtins.RuntimeError"):
         assert text in row, result.stdout
     assert datetime.now(timezone.utc).strftime("%Y-%m-%d ") in row  # seconds, UTC
+
+
+def test_dlq_replay_names_the_ids_it_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """replay names the ids that named no dead letter on stderr, as delete does (a count
+    alone left the user to find the typo), and exits 1 for them."""
+    _in_memory(monkeypatch, ["job-0", "job-1"])
+    result = CliRunner().invoke(main, ["dlq", "replay", "job-0", "typo", "gone",
+                                       "--framework", "memory"])
+    assert result.exit_code == 1, result.output
+    assert result.stdout == "replayed 1 dead letter; skipped 2\n"
+    assert "not (or no longer) dead letters here: gone, typo" in result.stderr
