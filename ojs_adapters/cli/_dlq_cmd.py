@@ -37,6 +37,7 @@ from ojs_adapters.runtime.dlq import (
     DeadLetterQueue,
     Retention,
     open_dead_letter_queue,
+    read_options,
 )
 
 P = ParamSpec("P")
@@ -85,7 +86,10 @@ def _filters(command: Callable[P, R]) -> Callable[P, R]:
 @contextmanager
 def _opened(framework: str, app: str | None, broker: str | None, options: tuple[str, ...],
             queue: str | None = None) -> Iterator[DeadLetterQueue]:
-    settings = dict(item.partition("=")[::2] for item in options)
+    try:
+        settings = read_options(framework, options)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--option'") from None
     try:
         dlq = open_dead_letter_queue(framework, app=app, broker=broker,
                                      queues=[queue] if queue else [], options=settings)

@@ -292,3 +292,20 @@ def test_dlq_replay_names_the_ids_it_skipped(monkeypatch: pytest.MonkeyPatch) ->
     assert result.exit_code == 1, result.output
     assert result.stdout == "replayed 1 dead letter; skipped 2\n"
     assert "not (or no longer) dead letters here: gone, typo" in result.stderr
+
+
+def test_dlq_refuses_an_option_key_the_framework_does_not_read() -> None:
+    """An unknown ``--option`` key (``namespace`` is Dramatiq's; a typo) is refused before
+    any broker is reached, naming the key and the valid ones; it was silently ignored."""
+    runner = CliRunner()
+    celery = runner.invoke(main, ["dlq", "list", "--framework", "celery", "--broker",
+                                  "redis://127.0.0.1:1/0", "--option", "namespace=x"])
+    assert celery.exit_code == 2, celery.output
+    assert "Invalid value for '--option': unknown key 'namespace' for celery; valid keys: " \
+           "backend, management" in celery.output
+    dramatiq_ = runner.invoke(main, ["dlq", "purge", "--yes", "--framework", "dramatiq",
+                                     "--broker", "redis://127.0.0.1:1/0", "--option",
+                                     "managment=none"])
+    assert dramatiq_.exit_code == 2 and "unknown key 'managment'" in dramatiq_.output
+    bare = runner.invoke(main, ["dlq", "list", "--framework", "celery", "--option", "backend"])
+    assert bare.exit_code == 2 and "'backend' is not KEY=VALUE" in bare.output
