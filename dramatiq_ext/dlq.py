@@ -22,12 +22,18 @@ from types import ModuleType
 
 from dramatiq import broker as dramatiq_broker
 from dramatiq.broker import Broker
+from dramatiq.common import q_name, xq_name
 
 from dramatiq_ext._dlq_common import JobRecords, dead_letter_of, replay_message
 from dramatiq_ext._dlq_redis import RedisDeadLetters
 from dramatiq_ext._dlq_stub import StubDeadLetters
 from dramatiq_ext.stores import RecordStore, RedisRecordStore
-from ojs_adapters.runtime.dlq import DeadLetters, DeadLetterStore, load_object
+from ojs_adapters.runtime.dlq import (
+    DeadLetterQueueGiven,
+    DeadLetters,
+    DeadLetterStore,
+    load_object,
+)
 
 # The helpers the broker stores share live in ``_dlq_common``; kept importable from here.
 __all__ = ["JobRecords", "dead_letter_of", "dead_letter_queue", "open_dead_letter_queue",
@@ -77,7 +83,11 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
     RabbitMQ URL alone reaches no records: list, show, delete, purge and prune
     work, replay refuses (``JobRecords``). On RabbitMQ every dead-letter queue is
     looked for (``discover``; ``options["management"]`` is the API's URL or ``none``).
+    A ``.XQ`` name in ``queues`` raises ``DeadLetterQueueGiven``.
     """
+    for name in queues:  # Dramatiq's own naming: <queue>.XQ
+        if name != q_name(name) and xq_name(q_name(name)) == name:
+            raise DeadLetterQueueGiven(name, q_name(name))
     options = options or {}
     store = RedisRecordStore(url=options["records"], prefix=options.get(
         "records_prefix", "ojs-record")) if options.get("records") else None

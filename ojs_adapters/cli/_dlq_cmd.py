@@ -35,6 +35,7 @@ from ojs_adapters.runtime.dlq import (
     DeadLetter,
     DeadLetterFilter,
     DeadLetterQueue,
+    DeadLetterQueueGiven,
     Retention,
     open_dead_letter_queue,
     read_options,
@@ -93,6 +94,11 @@ def _opened(framework: str, app: str | None, broker: str | None, options: tuple[
     try:
         dlq = open_dead_letter_queue(framework, app=app, broker=broker,
                                      queues=[queue] if queue else [], options=settings)
+    except DeadLetterQueueGiven as exc:  # it would look for that queue's own dead letters
+        original = f"--queue {exc.original}" if exc.original else "an original --queue"
+        of = f"of {exc.original!r}" if exc.original else "every queue shares"
+        raise click.BadParameter(f"{exc.queue!r} is the dead-letter queue {of}: pass "
+                                 f"{original}", param_hint="'--queue'") from None
     except (LookupError, ValueError, TypeError, ImportError, AttributeError) as exc:
         raise click.ClickException(str(exc)) from None
     try:

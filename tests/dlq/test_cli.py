@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
@@ -309,3 +310,45 @@ def test_dlq_refuses_an_option_key_the_framework_does_not_read() -> None:
     assert dramatiq_.exit_code == 2 and "unknown key 'managment'" in dramatiq_.output
     bare = runner.invoke(main, ["dlq", "list", "--framework", "celery", "--option", "backend"])
     assert bare.exit_code == 2 and "'backend' is not KEY=VALUE" in bare.output
+
+
+#: The Celery app ``--app tests.dlq.test_cli:CELERY_APP`` names while a test runs.
+CELERY_APP: Any = None
+
+
+def test_dlq_refuses_a_dead_letter_queue_s_name_where_the_original_queue_goes(
+        redis_url: str) -> None:
+    """``--queue trial_q.dead_letter`` (Celery) or ``trial_q.XQ`` (Dramatiq) looked for that
+    queue's own dead-letter queue and listed 0 rows: exit 2, naming the original to pass.
+    Names come from each framework's naming (the app's ``ojs_dead_letter_queue`` too)."""
+    global CELERY_APP
+    from celery import Celery
+
+    queue = f"trial_{uuid.uuid4().hex[:8]}"
+    runner = CliRunner()
+
+    def run(framework: str, *args: str) -> Result:
+        return runner.invoke(main, ["dlq", "list", "--framework", framework, *args])
+
+    by_url = ("--broker", redis_url)
+    for framework, dead in (("celery", f"{queue}.dead_letter"), ("dramatiq", f"{queue}.XQ")):
+        refused = run(framework, *by_url, "--queue", dead)
+        assert refused.exit_code == 2, refused.output
+        assert f"Invalid value for '--queue': '{dead}' is the dead-letter queue of " \
+               f"'{queue}': pass --queue {queue}" in refused.output
+        listed = run(framework, *by_url, "--queue", queue, "--json")
+        assert listed.exit_code == 0 and json.loads(listed.stdout)["total"] == 0, listed.output
+    assert run("dramatiq", *by_url, "--queue", f"{queue}.DQ").exit_code == 0  # not dead letters
+    CELERY_APP = Celery("trial", broker=redis_url, set_as_current=False)
+    CELERY_APP.conf.ojs_dead_letter_queue = "dlq.{queue}"
+    try:
+        app = ("--app", "tests.dlq.test_cli:CELERY_APP")
+        refused = run("celery", *app, "--queue", f"dlq.{queue}")
+        assert refused.exit_code == 2 and f"pass --queue {queue}" in refused.output
+        assert run("celery", *app, "--queue", f"{queue}.dead_letter").exit_code == 0
+        CELERY_APP.conf.ojs_dead_letter_queue = "dead_letters"  # one queue for all
+        shared = run("celery", *app, "--queue", "dead_letters")
+        assert shared.exit_code == 2 and "'dead_letters' is the dead-letter queue every " \
+            "queue shares: pass an original --queue" in shared.output
+    finally:
+        CELERY_APP = None

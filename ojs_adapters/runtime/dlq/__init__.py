@@ -56,6 +56,7 @@ from ojs_adapters.runtime.dlq._queue import (
 from ojs_adapters.runtime.dlq._registry import (
     ENTRY_POINT_GROUP,
     OPTION_KEYS,
+    DeadLetterQueueGiven,
     Opener,
     frameworks,
     load_object,
@@ -87,6 +88,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetterFilter",
     "DeadLetterQueue",
+    "DeadLetterQueueGiven",
     "DeadLetterStore",
     "DeadLetters",
     "DeleteReport",

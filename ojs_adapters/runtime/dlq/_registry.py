@@ -43,6 +43,25 @@ class Opener(Protocol):
                  options: Mapping[str, str] | None = None) -> DeadLetterQueue: ...
 
 
+class DeadLetterQueueGiven(ValueError):
+    """A queue to look at is itself a dead-letter queue: adapters take original queues.
+
+    ``original`` is the queue it holds the dead letters of (``None`` for a name every
+    queue shares). Without this, the adapter looks for the dead-letter queue *of* that
+    dead-letter queue and finds nothing.
+
+    >>> str(DeadLetterQueueGiven("q.XQ", "q"))
+    "'q.XQ' is the dead-letter queue of 'q': name the original queue, 'q'"
+    """
+
+    def __init__(self, queue: str, original: str | None) -> None:
+        self.queue, self.original = queue, original
+        of = f"of {original!r}" if original else "every queue shares"
+        name = f", {original!r}" if original else ""
+        super().__init__(f"{queue!r} is the dead-letter queue {of}: name the original "
+                         f"queue{name}")
+
+
 #: The ``options`` keys each built-in adapter reads (``ojs-retry dlq --option KEY=VALUE``).
 OPTION_KEYS: Mapping[str, tuple[str, ...]] = {
     "celery": ("backend", "management"),
