@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import ModuleType
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from dramatiq import broker as dramatiq_broker
 from dramatiq.broker import Broker
@@ -83,7 +84,8 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
     RabbitMQ URL alone reaches no records: list, show, delete, purge and prune
     work, replay refuses (``JobRecords``). On RabbitMQ every dead-letter queue is
     looked for (``discover``; ``options["management"]`` is the API's URL or ``none``).
-    A ``.XQ`` name in ``queues`` raises ``DeadLetterQueueGiven``.
+    A ``.XQ`` name in ``queues`` raises ``DeadLetterQueueGiven``. An AMQP URL's vhost is
+    read as kombu reads it (``amqp://host//`` is vhost ``/``: ``pika_vhost``).
     """
     for name in queues:  # Dramatiq's own naming: <queue>.XQ
         if name != q_name(name) and xq_name(q_name(name)) == name:
@@ -111,10 +113,28 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
     elif scheme in ("amqp", "amqps"):
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-        built = RabbitmqBroker(url=broker)
+        built = RabbitmqBroker(url=";".join(pika_vhost(url) for url in broker.split(";")))
     else:
         raise ValueError(f"unsupported Dramatiq broker URL scheme {scheme!r}")
     return _Owning(opened(built).store, built)
+
+
+def pika_vhost(url: str) -> str:
+    """``url`` with its vhost spelled so pika reads it as kombu does: ``//`` is vhost ``/``.
+
+    kombu (and Celery users) take everything after the first ``/`` as the vhost; pika
+    takes one path segment, reading ``amqp://host//`` as vhost ``""``, which RabbitMQ
+    refuses (``//x`` would be ``""`` too, where kombu reads ``/x``).
+
+    >>> pika_vhost("amqp://guest:guest@localhost:5672//")
+    'amqp://guest:guest@localhost:5672/%2F'
+    >>> pika_vhost("amqp://h//x?heartbeat=5"), pika_vhost("amqp://h/%2F"), pika_vhost("amqp://h")
+    ('amqp://h/%2Fx?heartbeat=5', 'amqp://h/%2F', 'amqp://h')
+    """
+    parts = urlsplit(url)
+    if "/" not in parts.path[1:]:
+        return url  # one segment (or none): pika and kombu agree
+    return urlunsplit(parts._replace(path="/" + quote(unquote(parts.path[1:]), safe="")))
 
 
 def _broker_named(app: str) -> Broker:
