@@ -110,8 +110,10 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
     if broker:
         found.conf.broker_url = broker
     refuse_dead_letter_queues(queues, dead_letter_templates(found))
-    return dead_letter_queue(found, queues=queues, discover=True, records=records,
-                             management=options.get("management"))
+    opened = dead_letter_queue(found, queues=queues, discover=True, records=records,
+                               management=options.get("management"))
+    opened.broker_url = str(found.connection_for_write().as_uri(mask="***"))
+    return opened
 
 
 def _app_named(app: str) -> Any:

@@ -100,7 +100,9 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
                                  management=management)
 
     if app:
-        return opened(_broker_named(app))
+        found = opened(_broker_named(app))
+        found.broker_url = _url_of(found.store)
+        return found
     if not broker:
         raise ValueError("give --app module[:broker] or --broker URL")
     scheme = broker.split(":", 1)[0]
@@ -116,7 +118,9 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
         built = RabbitmqBroker(url=";".join(pika_vhost(url) for url in broker.split(";")))
     else:
         raise ValueError(f"unsupported Dramatiq broker URL scheme {scheme!r}")
-    return _Owning(opened(built).store, built)
+    owning = _Owning(opened(built).store, built)
+    owning.broker_url = broker
+    return owning
 
 
 def pika_vhost(url: str) -> str:
@@ -148,6 +152,24 @@ def _broker_named(app: str) -> Broker:
     if not isinstance(found, Broker):
         raise TypeError(f"{app} is {type(found).__name__}, not a Dramatiq broker")
     return found
+
+
+def _url_of(store: DeadLetterStore) -> str | None:
+    """Where the broker of ``store`` is (no password), for messages; ``None`` for the stub."""
+    broker = getattr(store, "broker", None)
+    parameters = getattr(broker, "parameters", None)  # RabbitMQ: pika's
+    if parameters is not None:
+        first = parameters[0] if isinstance(parameters, list) else parameters
+        user = getattr(first.credentials, "username", "")
+        return f"amqp://{user}@{first.host}:{first.port}/{quote(first.virtual_host, safe='')}"
+    client = getattr(broker, "client", None)  # Redis
+    if client is None:
+        return None
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/" \
+           f"{kwargs.get('db', 0)}"
 
 
 class _Owning(DeadLetters):

@@ -25,7 +25,8 @@ from typing import ParamSpec, TypeVar
 import click
 from rich.table import Table
 
-from ojs_adapters.cli._io import console, print_json
+from ojs_adapters.cli._broker_errors import describe_failure, hide_password
+from ojs_adapters.cli._io import EXIT_INTERNAL, console, print_json
 from ojs_adapters.durations import format_duration, parse_duration
 from ojs_adapters.errors import OjsError, OjsValidationError
 from ojs_adapters.history import utc_now
@@ -101,10 +102,35 @@ def _opened(framework: str, app: str | None, broker: str | None, options: tuple[
                                  f"{original}", param_hint="'--queue'") from None
     except (LookupError, ValueError, TypeError, ImportError, AttributeError) as exc:
         raise click.ClickException(str(exc)) from None
+    except Exception as exc:  # the broker, reached while opening (Celery on Redis)
+        raise _failed(exc, broker, app, None) from None
     try:
         yield dlq
+    except (OjsError, ValueError, click.ClickException, click.exceptions.Exit,
+            click.exceptions.Abort):
+        raise
+    except Exception as exc:
+        raise _failed(exc, broker, app, getattr(dlq, "broker_url", None)) from None
     finally:
         dlq.close()
+
+
+def _failed(exc: Exception, broker: str | None, app: str | None,
+            found: str | None) -> click.ClickException:
+    """A broker's failure as a sentence (exit 1); else a bug, in Python's words (exit 70)."""
+    url = broker or found
+    where = f"the broker at {hide_password(url)}" if url else f"the broker of --app {app}"
+    said = describe_failure(exc, where)
+    if said is None:
+        return _Internal(f"internal error in ojs-retry: {type(exc).__name__}: {exc} "
+                         "(please report it)")
+    return click.ClickException(said)
+
+
+class _Internal(click.ClickException):
+    """A bug in ojs-retry: exit ``EXIT_INTERNAL``, as every verb does."""
+
+    exit_code = EXIT_INTERNAL
 
 
 def _partial(found: DeadLetterQueue, queue: str | None, app: str | None) -> str | None:
@@ -133,8 +159,10 @@ def _reports_errors(command: Callable[P, R]) -> Callable[P, R]:
             raise click.ClickException(str(exc)) from None
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
-        except Exception as exc:  # a broker refusing: one line, not a traceback
-            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # one line, not a traceback
+            broker, app = (kwargs.get(name) for name in ("broker", "app"))
+            raise _failed(exc, str(broker) if broker else None, str(app) if app else None,
+                          None) from None
 
     return wrapper
 
