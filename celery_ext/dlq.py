@@ -112,7 +112,8 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
     refuse_dead_letter_queues(queues, dead_letter_templates(found))
     opened = dead_letter_queue(found, queues=queues, discover=True, records=records,
                                management=options.get("management"))
-    opened.broker_url = str(found.connection_for_write().as_uri(mask="***"))
+    with found.connection_for_write() as conn:  # where it is, for messages (not connected)
+        opened.broker_url = str(conn.as_uri(mask="***"))
     return opened
 
 

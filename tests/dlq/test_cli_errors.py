@@ -72,21 +72,27 @@ def test_nothing_listening_asks_whether_the_broker_runs(framework: str, redis_ur
 
 
 @pytest.mark.broker
-def test_a_broker_named_by_app_is_named_by_its_url(amqp_url: str) -> None:
-    """``--app`` gives no URL on the command line: the broker's own is said (no password)."""
+@pytest.mark.parametrize("framework", ["celery", "dramatiq"])
+def test_a_broker_named_by_app_is_named_by_its_url(framework: str, amqp_url: str) -> None:
+    """``--app`` gives no URL on the command line: the broker's own is said (no password;
+    kombu spells vhost ``/`` ``//``)."""
     global BROKER
+    from celery import Celery
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
     url = _with(pika_url(amqp_url), password="s3cret")
-    BROKER = RabbitmqBroker(url=url)
+    BROKER = Celery("errors", broker=url, set_as_current=False) if framework == "celery" \
+        else RabbitmqBroker(url=url)
     try:
-        result = _list("dramatiq", "--app", "tests.dlq.test_cli_errors:BROKER")
+        result = _list(framework, "--app", "tests.dlq.test_cli_errors:BROKER")
     finally:
-        BROKER.close()
+        if framework == "dramatiq":
+            BROKER.close()
         BROKER = None
     parts = urlsplit(url)
-    _plain(result, f"the broker at amqp://{parts.username}@{parts.hostname}:{parts.port}/%2F "
-                   "refused the login")
+    said = f"amqp://{parts.username}:***@{parts.hostname}:{parts.port}//" if framework == "celery" \
+        else f"amqp://{parts.username}@{parts.hostname}:{parts.port}/%2F"
+    _plain(result, f"the broker at {said} refused the login")
 
 
 def test_a_bug_is_said_to_be_one_not_a_broker_s_failure(monkeypatch: pytest.MonkeyPatch) -> None:
