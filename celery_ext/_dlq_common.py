@@ -31,6 +31,7 @@ from ojs_adapters import JobRecord, OjsValidationError
 from ojs_adapters.runtime.dlq import (
     REPLAY_HEADER,
     DeadLetter,
+    DeadLetterQueueGiven,
     ReplayMark,
     last_error,
     originals,
@@ -86,6 +87,21 @@ def dead_letter_queues(app: Any, queues: Sequence[str]) -> dict[str, str]:
     names -= set(originals(names, templates))  # a dead-letter queue has none of its own
     # sorted: a name several queues share maps to the same one on every run
     return {dead_letter_queue_name(q, t): q for t in reversed(templates) for q in sorted(names)}
+
+
+def refuse_dead_letter_queues(queues: Sequence[str], templates: Sequence[str]) -> None:
+    """``DeadLetterQueueGiven`` for the first of ``queues`` that ``dead_letter_queue_name``
+    gives under one of ``templates`` (a fixed one: every queue's); the rest are originals."""
+    for name in queues:
+        for template in templates:
+            if "{queue}" not in template:
+                if name == template:
+                    raise DeadLetterQueueGiven(name, None)
+                continue
+            prefix, _, suffix = template.partition("{queue}")
+            core = name[len(prefix):len(name) - len(suffix)]
+            if core and dead_letter_queue_name(core, template) == name:
+                raise DeadLetterQueueGiven(name, core)
 
 
 def shared(dead: str, original: str, templates: Sequence[str]) -> bool:

@@ -37,6 +37,7 @@ from celery_ext._dlq_common import (
     dead_letter_of,
     dead_letter_queues,
     dead_letter_templates,
+    refuse_dead_letter_queues,
     replay_headers,
 )
 from celery_ext._dlq_kombu import KombuDeadLetters
@@ -91,7 +92,8 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
     its result backend. Without ``app``, a bare app on ``broker`` looks in
     ``celery.dead_letter`` and whatever else it finds; replay then needs
     ``options["backend"]``, the workers' result backend. ``options["management"]``:
-    the RabbitMQ management API's URL, or ``none``.
+    the RabbitMQ management API's URL, or ``none``. A dead-letter queue's own name in
+    ``queues`` raises ``DeadLetterQueueGiven``.
     """
     options = options or {}
     records: JobRecords | None = None
@@ -107,8 +109,12 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
         raise ValueError("give --app module[:app] (the Celery app) or --broker URL")
     if broker:
         found.conf.broker_url = broker
-    return dead_letter_queue(found, queues=queues, discover=True, records=records,
-                             management=options.get("management"))
+    refuse_dead_letter_queues(queues, dead_letter_templates(found))
+    opened = dead_letter_queue(found, queues=queues, discover=True, records=records,
+                               management=options.get("management"))
+    with found.connection_for_write() as conn:  # where it is, for messages (not connected)
+        opened.broker_url = str(conn.as_uri(mask="***"))
+    return opened
 
 
 def _app_named(app: str) -> Any:

@@ -19,15 +19,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import ModuleType
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from dramatiq import broker as dramatiq_broker
 from dramatiq.broker import Broker
+from dramatiq.common import q_name, xq_name
 
 from dramatiq_ext._dlq_common import JobRecords, dead_letter_of, replay_message
 from dramatiq_ext._dlq_redis import RedisDeadLetters
 from dramatiq_ext._dlq_stub import StubDeadLetters
 from dramatiq_ext.stores import RecordStore, RedisRecordStore
-from ojs_adapters.runtime.dlq import DeadLetters, DeadLetterStore, load_object
+from ojs_adapters.runtime.dlq import (
+    DeadLetterQueueGiven,
+    DeadLetters,
+    DeadLetterStore,
+    load_object,
+)
 
 # The helpers the broker stores share live in ``_dlq_common``; kept importable from here.
 __all__ = ["JobRecords", "dead_letter_of", "dead_letter_queue", "open_dead_letter_queue",
@@ -77,7 +84,12 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
     RabbitMQ URL alone reaches no records: list, show, delete, purge and prune
     work, replay refuses (``JobRecords``). On RabbitMQ every dead-letter queue is
     looked for (``discover``; ``options["management"]`` is the API's URL or ``none``).
+    A ``.XQ`` name in ``queues`` raises ``DeadLetterQueueGiven``. An AMQP URL's vhost is
+    read as kombu reads it (``amqp://host//`` is vhost ``/``: ``pika_vhost``).
     """
+    for name in queues:  # Dramatiq's own naming: <queue>.XQ
+        if name != q_name(name) and xq_name(q_name(name)) == name:
+            raise DeadLetterQueueGiven(name, q_name(name))
     options = options or {}
     store = RedisRecordStore(url=options["records"], prefix=options.get(
         "records_prefix", "ojs-record")) if options.get("records") else None
@@ -88,7 +100,9 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
                                  management=management)
 
     if app:
-        return opened(_broker_named(app))
+        found = opened(_broker_named(app))
+        found.broker_url = _url_of(found.store)
+        return found
     if not broker:
         raise ValueError("give --app module[:broker] or --broker URL")
     scheme = broker.split(":", 1)[0]
@@ -101,10 +115,30 @@ def open_dead_letter_queue(*, app: str | None = None, broker: str | None = None,
     elif scheme in ("amqp", "amqps"):
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-        built = RabbitmqBroker(url=broker)
+        built = RabbitmqBroker(url=";".join(pika_vhost(url) for url in broker.split(";")))
     else:
         raise ValueError(f"unsupported Dramatiq broker URL scheme {scheme!r}")
-    return _Owning(opened(built).store, built)
+    owning = _Owning(opened(built).store, built)
+    owning.broker_url = broker
+    return owning
+
+
+def pika_vhost(url: str) -> str:
+    """``url`` with its vhost spelled so pika reads it as kombu does: ``//`` is vhost ``/``.
+
+    kombu (and Celery users) take everything after the first ``/`` as the vhost; pika
+    takes one path segment, reading ``amqp://host//`` as vhost ``""``, which RabbitMQ
+    refuses (``//x`` would be ``""`` too, where kombu reads ``/x``).
+
+    >>> pika_vhost("amqp://guest:guest@localhost:5672//")
+    'amqp://guest:guest@localhost:5672/%2F'
+    >>> pika_vhost("amqp://h//x?heartbeat=5"), pika_vhost("amqp://h/%2F"), pika_vhost("amqp://h")
+    ('amqp://h/%2Fx?heartbeat=5', 'amqp://h/%2F', 'amqp://h')
+    """
+    parts = urlsplit(url)
+    if "/" not in parts.path[1:]:
+        return url  # one segment (or none): pika and kombu agree
+    return urlunsplit(parts._replace(path="/" + quote(unquote(parts.path[1:]), safe="")))
 
 
 def _broker_named(app: str) -> Broker:
@@ -118,6 +152,24 @@ def _broker_named(app: str) -> Broker:
     if not isinstance(found, Broker):
         raise TypeError(f"{app} is {type(found).__name__}, not a Dramatiq broker")
     return found
+
+
+def _url_of(store: DeadLetterStore) -> str | None:
+    """Where the broker of ``store`` is (no password), for messages; ``None`` for the stub."""
+    broker = getattr(store, "broker", None)
+    parameters = getattr(broker, "parameters", None)  # RabbitMQ: pika's
+    if parameters is not None:
+        first = parameters[0] if isinstance(parameters, list) else parameters
+        user = getattr(first.credentials, "username", "")
+        return f"amqp://{user}@{first.host}:{first.port}/{quote(first.virtual_host, safe='')}"
+    client = getattr(broker, "client", None)  # Redis
+    if client is None:
+        return None
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/" \
+           f"{kwargs.get('db', 0)}"
 
 
 class _Owning(DeadLetters):

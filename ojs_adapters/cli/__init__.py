@@ -38,7 +38,8 @@ def main() -> None:
       ojs-retry dlq list --framework dramatiq --broker redis://localhost:6379/0
 
     Exit status: 0 ok, 1 invalid input (the OJS error is printed), 2 bad usage,
-    3 a migrated job has no OJS equivalent, or a lossy one (see --allow-lossy).
+    3 a migrated job has no OJS equivalent, or a lossy one (see --allow-lossy),
+    70 a bug in ojs-retry.
     Packages add verbs through the
     entry-point group "ojs_adapters.cli".
     """

@@ -7,7 +7,8 @@ with ``--json``, one JSON document. Without ``--queue`` it looks in every
 dead-letter queue it can find; where the broker cannot list them all (RabbitMQ
 without its management API) it says on stderr where it looked. The core imports
 no framework: the adapter is found through the ``ojs_adapters.runtime.dlq`` entry points
-and loaded only when a verb runs.
+and loaded only when a verb runs. The shared options are in ``_dlq_options``, what the
+verbs say besides their results (notes, skipped ids, failures) in ``_dlq_report``.
 
 >>> from click.testing import CliRunner
 >>> CliRunner().invoke(dlq, ["list", "--framework", "none"]).exit_code
@@ -16,148 +17,70 @@ and loaded only when a verb runs.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
-from typing import ParamSpec, TypeVar
+from datetime import timezone
 
 import click
 from rich.table import Table
 
+from ojs_adapters.cli._dlq_options import (
+    connection_options,
+    duration_option,
+    filter_options,
+    selection,
+)
+from ojs_adapters.cli._dlq_report import (
+    failure,
+    letters,
+    partial_note,
+    reports_errors,
+    tell,
+    tell_skipped,
+)
 from ojs_adapters.cli._io import console, print_json
-from ojs_adapters.durations import format_duration, parse_duration
-from ojs_adapters.errors import OjsError, OjsValidationError
-from ojs_adapters.history import utc_now
+from ojs_adapters.durations import format_duration
+from ojs_adapters.errors import OjsError
 from ojs_adapters.runtime.dlq import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_COUNT,
     DeadLetter,
-    DeadLetterFilter,
     DeadLetterQueue,
+    DeadLetterQueueGiven,
     Retention,
     open_dead_letter_queue,
+    read_options,
 )
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _connection(command: Callable[P, R]) -> Callable[P, R]:
-    """The options that say which framework and broker; ``--json``."""
-    for decorator in reversed((
-        click.option("--framework", required=True, metavar="NAME",
-                     help="celery or dramatiq (any installed ojs_adapters.runtime.dlq backend)."),
-        click.option("--app", metavar="MODULE[:ATTR]",
-                     help="The Celery app (read as celery -A reads it), or the Dramatiq "
-                          "broker (as dramatiq does), imported from the current directory."),
-        click.option("--broker", metavar="URL",
-                     help="Broker URL, instead of --app; with --app, overrides Celery's "
-                          "broker_url."),
-        click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
-                     help="Framework setting. management=URL or none (the RabbitMQ "
-                          "management API that lists dead-letter queues; default "
-                          "http://BROKER_HOST:15672). Dramatiq: namespace=NS (Redis broker), "
-                          "records=REDIS_URL and records_prefix=P (the workers' "
-                          "RedisRecordStore). Celery without --app: backend=URL (the "
-                          "workers' result backend, for replay)."),
-        click.option("--json", "as_json", is_flag=True, help="Print one JSON document."),
-    )):
-        command = decorator(command)
-    return command
-
-
-def _filters(command: Callable[P, R]) -> Callable[P, R]:
-    """The options that select dead letters."""
-    for decorator in reversed((
-        click.option("--queue", help="Only this original queue (found even where the broker "
-                                     "cannot list queues)."),
-        click.option("--task-type", help="Task or actor name; shell patterns allowed."),
-        click.option("--error-type", help="Type of the last error, e.g. 'payment.*'."),
-        click.option("--since", help="Dead-lettered at or after: ISO 8601 time, or a duration ago "
-                                     "(P1D)."),
-        click.option("--until", help="Dead-lettered before: ISO 8601 time, or a duration ago."),
-    )):
-        command = decorator(command)
-    return command
 
 
 @contextmanager
 def _opened(framework: str, app: str | None, broker: str | None, options: tuple[str, ...],
             queue: str | None = None) -> Iterator[DeadLetterQueue]:
-    settings = dict(item.partition("=")[::2] for item in options)
+    try:
+        settings = read_options(framework, options)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--option'") from None
     try:
         dlq = open_dead_letter_queue(framework, app=app, broker=broker,
                                      queues=[queue] if queue else [], options=settings)
+    except DeadLetterQueueGiven as exc:  # it would look for that queue's own dead letters
+        original = f"--queue {exc.original}" if exc.original else "an original --queue"
+        of = f"of {exc.original!r}" if exc.original else "every queue shares"
+        raise click.BadParameter(f"{exc.queue!r} is the dead-letter queue {of}: pass "
+                                 f"{original}", param_hint="'--queue'") from None
     except (LookupError, ValueError, TypeError, ImportError, AttributeError) as exc:
         raise click.ClickException(str(exc)) from None
+    except Exception as exc:  # the broker, reached while opening (Celery on Redis)
+        raise failure(exc, broker, app, None) from None
     try:
         yield dlq
+    except (OjsError, ValueError, click.ClickException, click.exceptions.Exit,
+            click.exceptions.Abort):
+        raise
+    except Exception as exc:
+        raise failure(exc, broker, app, getattr(dlq, "broker_url", None)) from None
     finally:
         dlq.close()
-
-
-def _partial(found: DeadLetterQueue, queue: str | None, app: str | None) -> str | None:
-    """What to say when the look may have missed dead-letter queues; ``None`` if it did not."""
-    if queue is not None:
-        return None
-    coverage = found.coverage()
-    if coverage.complete:
-        return None
-    hint = "--queue NAME" if app else "--queue NAME or --app MODULE"
-    return (f"note: not every dead-letter queue may have been seen; {coverage.describe()}; "
-            f"pass {hint} to look elsewhere")
-
-
-def _tell(note: str | None) -> None:
-    if note:
-        click.echo(note, err=True)
-
-
-def _reports_errors(command: Callable[P, R]) -> Callable[P, R]:
-    @functools.wraps(command)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return command(*args, **kwargs)
-        except (OjsError, ValueError) as exc:  # bad input: its message alone
-            raise click.ClickException(str(exc)) from None
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-            raise
-        except Exception as exc:  # a broker refusing: one line, not a traceback
-            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
-
-    return wrapper
-
-
-def _moment(value: str | None, name: str) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        if value.startswith("P"):
-            return utc_now() - _duration(value, name)
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except (ValueError, OverflowError):
-        raise click.BadParameter(f"{value!r} is neither an ISO 8601 time "
-                                 "(2026-11-27T10:00:00Z) nor a duration ago (P1D, PT6H)",
-                                 param_hint=f"'--{name}'") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-
-
-def _duration(value: str, option: str) -> timedelta:
-    """``value`` as a duration, an error naming the option (not a retry policy field)."""
-    try:
-        return parse_duration(value, field=option)
-    except OjsValidationError:
-        raise click.BadParameter(f"{value!r} is not an ISO 8601 duration (PnDTnHnMnS, "
-                                 "e.g. P7D or PT6H)", param_hint=f"'--{option}'") from None
-
-
-def _filter(queue: str | None, task_type: str | None, error_type: str | None,
-            since: str | None, until: str | None,
-            ids: tuple[str, ...] = ()) -> DeadLetterFilter:
-    return DeadLetterFilter(queue=queue, task_type=task_type, error_type=error_type,
-                            since=_moment(since, "since"), until=_moment(until, "until"),
-                            ids=frozenset(ids) if ids else None)
 
 
 @click.group()
@@ -177,28 +100,28 @@ def dlq() -> None:
 
 
 @dlq.command(name="list")
-@_connection
-@_filters
+@connection_options
+@filter_options
 @click.option("--page", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--per-page", type=click.IntRange(min=1), default=50, show_default=True)
-@_reports_errors
+@reports_errors
 def list_(framework: str, app: str | None, broker: str | None, options: tuple[str, ...],
           as_json: bool, queue: str | None, task_type: str | None, error_type: str | None,
           since: str | None, until: str | None, page: int, per_page: int) -> None:
     """List dead letters, oldest first, one page at a time."""
-    filters = _filter(queue, task_type, error_type, since, until)
+    filters = selection(queue, task_type, error_type, since, until)
     with _opened(framework, app, broker, options, queue) as queue_:
         found = queue_.list(filters, page=page, per_page=per_page)
         coverage = None if queue else queue_.coverage()
-        note = _partial(queue_, queue, app)
+        note = partial_note(queue_, queue, app)
     if as_json:
         print_json({"page": found.number, "per_page": found.size, "pages": found.pages,
                     "total": found.total,
                     "items": [x.to_dict(payload=False) for x in found.items],
                     "coverage": coverage.to_dict() if coverage else None})
-        _tell(note)
+        tell(note)
         return
-    table = Table(title=f"page {found.number}/{found.pages}, {_letters(found.total)}")
+    table = Table(title=f"page {found.number}/{found.pages}, {letters(found.total)}")
     # The id and the time stay whole; the names fold, and get the width the rest leaves.
     for name in ("id", "queue", "task type", "error", "attempt", "dead-lettered (UTC)"):
         whole = name in ("id", "dead-lettered (UTC)")
@@ -207,7 +130,7 @@ def list_(framework: str, app: str | None, broker: str | None, options: tuple[st
         table.add_row(x.id, x.queue, x.task_type, x.error_type or "-", _attempt(x),
                       f"{x.dead_lettered_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}")
     console().print(table)
-    _tell(note)
+    tell(note)
 
 
 def _attempt(letter: DeadLetter) -> str:
@@ -218,17 +141,17 @@ def _attempt(letter: DeadLetter) -> str:
 
 @dlq.command()
 @click.argument("job_id")
-@_connection
+@connection_options
 @click.option("--queue", help="The job's original queue.")
-@_reports_errors
+@reports_errors
 def show(job_id: str, framework: str, app: str | None, broker: str | None,
          options: tuple[str, ...], as_json: bool, queue: str | None) -> None:
     """Show one dead job: its full error history and original payload."""
     with _opened(framework, app, broker, options, queue) as queue_:
         found = queue_.show(job_id)
-        note = _partial(queue_, queue, app) if found is None else None
+        note = partial_note(queue_, queue, app) if found is None else None
     if found is None:
-        _tell(note)
+        tell(note)
         raise click.ClickException(f"no dead letter with id {job_id!r}")
     data = found.to_dict()
     if as_json:
@@ -247,11 +170,11 @@ def show(job_id: str, framework: str, app: str | None, broker: str | None,
 
 @dlq.command()
 @click.argument("job_ids", nargs=-1)
-@_connection
-@_filters
+@connection_options
+@filter_options
 @click.option("--all", "everything", is_flag=True, help="Replay every dead letter.")
 @click.option("--limit", type=click.IntRange(min=1), help="Replay at most this many, oldest first.")
-@_reports_errors
+@reports_errors
 def replay(job_ids: tuple[str, ...], framework: str, app: str | None, broker: str | None,
            options: tuple[str, ...], as_json: bool, queue: str | None, task_type: str | None,
            error_type: str | None, since: str | None, until: str | None, everything: bool,
@@ -260,90 +183,83 @@ def replay(job_ids: tuple[str, ...], framework: str, app: str | None, broker: st
 
     Safe to interrupt: each job is either still dead or queued once.
     """
-    filters = _filter(queue, task_type, error_type, since, until, job_ids)
+    filters = selection(queue, task_type, error_type, since, until, job_ids)
     if filters.is_empty and not everything:
         raise click.UsageError("give job ids, a filter, or --all")
     with _opened(framework, app, broker, options, queue) as queue_:
         report = queue_.replay(filters, limit=limit)
-        note = _partial(queue_, queue, app)
-    _tell(note)
+        note = partial_note(queue_, queue, app)
+    tell(note)
     if as_json:
         print_json({"replayed": list(report.replayed), "skipped": list(report.skipped)})
     else:
-        click.echo(f"replayed {_letters(len(report.replayed))}" + (
-            f"; skipped {len(report.skipped)} not (or no longer) dead letters here"
-            if report.skipped else ""))
+        click.echo(f"replayed {letters(len(report.replayed))}" + (
+            f"; skipped {len(report.skipped)}" if report.skipped else ""))
+    tell_skipped(report.skipped)
     if job_ids and report.skipped:  # a script must tell a typo from a replay
         raise click.exceptions.Exit(1)
 
 
-def _letters(count: int) -> str:
-    """``1 dead letter``, ``2 dead letters``."""
-    return f"{count} dead letter" + ("" if count == 1 else "s")
-
-
 @dlq.command()
 @click.argument("job_ids", nargs=-1)
-@_connection
-@_filters
-@_reports_errors
+@connection_options
+@filter_options
+@reports_errors
 def delete(job_ids: tuple[str, ...], framework: str, app: str | None, broker: str | None,
            options: tuple[str, ...], as_json: bool, queue: str | None, task_type: str | None,
            error_type: str | None, since: str | None, until: str | None) -> None:
     """Delete the given dead jobs (by id or filter)."""
-    filters = _filter(queue, task_type, error_type, since, until, job_ids)
+    filters = selection(queue, task_type, error_type, since, until, job_ids)
     if filters.is_empty:
         raise click.UsageError("give job ids or a filter (purge removes everything)")
     with _opened(framework, app, broker, options, queue) as queue_:
         report = queue_.delete(filters)
-        note = _partial(queue_, queue, app)
-    _tell(note)
+        note = partial_note(queue_, queue, app)
+    tell(note)
     if as_json:
         print_json({"deleted": list(report.deleted), "skipped": list(report.skipped)})
     else:
         click.echo(f"deleted {len(report.deleted)}")
-    if report.skipped:  # a script must tell a typo from a delete: the ids that named nothing
-        click.echo(f"not (or no longer) dead letters here: "
-                   f"{', '.join(sorted(set(report.skipped)))}", err=True)
+    tell_skipped(report.skipped)  # a script must tell a typo from a delete
     if job_ids and not report.deleted:  # none of the ids named a dead letter here
         raise click.exceptions.Exit(1)
 
 
 @dlq.command()
-@_connection
-@_filters
+@connection_options
+@filter_options
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@_reports_errors
+@reports_errors
 def purge(framework: str, app: str | None, broker: str | None, options: tuple[str, ...],
           as_json: bool, queue: str | None, task_type: str | None, error_type: str | None,
           since: str | None, until: str | None, yes: bool) -> None:
     """Delete every dead letter (of --queue, or matching the filters)."""
-    filters = _filter(queue, task_type, error_type, since, until)
+    filters = selection(queue, task_type, error_type, since, until)
     if not yes:
         click.confirm(f"Delete every matching dead letter ({framework})?", abort=True)
     with _opened(framework, app, broker, options, queue) as queue_:
         removed = queue_.purge(filters)
-        note = _partial(queue_, queue, app)
-    _tell(note)
+        note = partial_note(queue_, queue, app)
+    tell(note)
     print_json({"purged": removed}) if as_json else click.echo(f"purged {removed}")
 
 
 @dlq.command()
-@_connection
+@connection_options
 @click.option("--queue", help="Only look at this queue.")
 @click.option("--max-age", default=format_duration(DEFAULT_MAX_AGE), show_default=True,
               help="ISO 8601 duration; older dead letters go. 'none' keeps any age.")
 @click.option("--max-count", default=str(DEFAULT_MAX_COUNT), show_default=True,
               help="Most dead letters kept per queue (newest); 'none' for no limit.")
-@_reports_errors
+@reports_errors
 def prune(framework: str, app: str | None, broker: str | None, options: tuple[str, ...],
           as_json: bool, queue: str | None, max_age: str, max_count: str) -> None:
     """Apply retention now: drop dead letters past --max-age, then the oldest past --max-count."""
     retention = Retention(
-        max_age=None if max_age == "none" else _duration(max_age, "max-age"),
+        max_age=None if max_age == "none" else duration_option(max_age, "max-age"),
         max_count=None if max_count == "none" else int(max_count))
     with _opened(framework, app, broker, options, queue) as queue_:
         removed = queue_.prune(retention, queue=queue)
-        note = _partial(queue_, queue, app)
-    _tell(note)
+        note = partial_note(queue_, queue, app)
+    tell(note)
     print_json({"pruned": removed}) if as_json else click.echo(f"pruned {removed}")

@@ -21,7 +21,7 @@ from ojs_adapters.cli._io import (
     reports_ojs_errors,
 )
 from ojs_adapters.errors import OjsValidationError
-from ojs_adapters.migrate import DIALECTS, Migration, migrate_path, migrate_text
+from ojs_adapters.migrate import DIALECTS, Migration, migrate_text, scan_path
 
 #: Exit status when a job has no policy, or a lossy one not accepted with --allow-lossy:
 #: both need a decision from a person, so they share the status.
@@ -82,16 +82,19 @@ def migrate(dialect: str, sources: tuple[str, ...], version: str | None, cap: in
         raise click.UsageError(f"--cap-unbounded does not apply to {dialect}: it has no "
                                "unbounded retry setting")
     options: dict[str, Any] = {"version": version, "unbounded_attempts": cap}
+    skipped: list[tuple[str, str]] = []
     if sources in ((), ("-",)):
         text, origin = read_text("-")
         found = migrate_text(dialect, text, origin=origin, ruby=ruby, **options)
     elif "-" in sources:
         raise click.UsageError("- (stdin) cannot be read with files or directories")
     else:
-        found = migrate_path(dialect, sources, **options)
+        found, skipped = scan_path(dialect, sources, **options)
     if not found:
         source = " ".join(sources) or "-"
-        raise OjsValidationError(f"no {dialect} retry settings found in {source}",
+        passed = "; ".join(f"{file} ({why})" for file, why in skipped)
+        raise OjsValidationError(f"no {dialect} retry settings found in {source}" + (
+                                     f"; passed over: {passed}" if passed else ""),
                                  code="INVALID_PAYLOAD",
                                  details={"field": source, "rule": "must hold retry settings"})
     ok = all(m.ok or (allow_lossy and m.policy is not None) for m in found)

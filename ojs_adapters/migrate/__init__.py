@@ -18,11 +18,19 @@ source's (``Fidelity.hurried``).
 
 Dialects: ``from_sidekiq``, ``from_faktory``, ``from_celery``, ``from_dramatiq``,
 ``from_bullmq``, ``from_temporal``, ``from_queue_backoff``; ``migrate_path``
-reads files (JSON, YAML, and Sidekiq's ``.rb``) and directories.
+reads files (JSON, YAML, and Sidekiq's ``.rb``) and directories (``scan_path`` also says
+which files a directory scan passed over, and why).
 """
 
 from ojs_adapters.migrate._fidelity import Band, Fidelity, FidelityRow
-from ojs_adapters.migrate._files import DIALECTS, load_document, migrate_path, migrate_text
+from ojs_adapters.migrate._files import (
+    DIALECTS,
+    Scan,
+    load_document,
+    migrate_path,
+    migrate_text,
+    scan_path,
+)
 from ojs_adapters.migrate._model import SEVERITIES, Migration, Note
 from ojs_adapters.migrate._ruby import RubyJob, read_ruby
 from ojs_adapters.migrate.bullmq import from_bullmq
@@ -42,6 +50,7 @@ __all__ = [
     "Migration",
     "Note",
     "RubyJob",
+    "Scan",
     "from_bullmq",
     "from_celery",
     "from_dramatiq",
@@ -53,4 +62,5 @@ __all__ = [
     "migrate_path",
     "migrate_text",
     "read_ruby",
+    "scan_path",
 ]

@@ -2,7 +2,7 @@
 
 A document holds either one job's options (``{"retry": 5}``), a mapping of
 job names to options (``{"HardJob": {"retry": 5}}``) or a list of options
-(each may carry a ``name`` or ``class``). ``DIALECTS`` is the table of
+(each may carry a ``name`` or ``class``). ``DIALECTS`` (``_dialects``) is the table of
 translators and the option names that tell the first shape from the second.
 
 >>> [m.policy.max_attempts for m in migrate_text("sidekiq", "HardJob: {retry: 2}\\n")]
@@ -13,69 +13,32 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
 from ojs_adapters.errors import OjsValidationError
 from ojs_adapters.migrate._common import normalize
+from ojs_adapters.migrate._dialects import DIALECTS, Dialect
 from ojs_adapters.migrate._model import Migration, Note
 from ojs_adapters.migrate._ruby import DEFAULTS, RubyJob, read_ruby
 from ojs_adapters.migrate._ruby_classes import Resolved, resolve
 from ojs_adapters.migrate._ruby_literals import Dynamic
-from ojs_adapters.migrate.bullmq import from_bullmq
-from ojs_adapters.migrate.celery import from_celery
-from ojs_adapters.migrate.dramatiq import from_dramatiq
-from ojs_adapters.migrate.faktory import from_faktory
-from ojs_adapters.migrate.queue_backoff import from_queue_backoff
-from ojs_adapters.migrate.sidekiq import from_sidekiq
-from ojs_adapters.migrate.temporal import from_temporal
 
-Translate = Callable[..., Migration]
+__all__ = ["DIALECTS", "Dialect", "Scan", "load_document", "migrate_path", "migrate_text",
+           "scan_path"]
+
 #: Payload fields that name the job (Sidekiq ``class``, Faktory ``jobtype``, ...).
 _NAME_KEYS = ("class", "jobtype", "name", "task", "actor_name")
 
 
-@dataclass(frozen=True)
-class Dialect:
-    """A source dialect: its translator, what it accepts, and its option names."""
+class Scan(NamedTuple):
+    """The migrations ``scan_path`` found, and each file a directory scan passed over: why."""
 
-    translate: Translate
-    options: frozenset[str]
-    suffixes: tuple[str, ...] = (".json", ".yaml", ".yml")
-    takes_version: bool = False
-    takes_cap: bool = False
-
-
-#: Every dialect ``ojs-retry migrate --from`` knows, as data.
-DIALECTS: dict[str, Dialect] = {
-    "sidekiq": Dialect(from_sidekiq, frozenset({"retry", "dead", "retry_for", "sidekiq_retry_in",
-                                                "retry_in", "max_retries", "queue"}),
-                       (".json", ".yaml", ".yml", ".rb"), takes_version=True),
-    "faktory": Dialect(from_faktory, frozenset({"retry", "jid", "jobtype", "args", "queue"}),
-                       takes_version=True),
-    "celery": Dialect(from_celery, frozenset({"max_retries", "default_retry_delay",
-                                              "autoretry_for", "dont_autoretry_for",
-                                              "retry_backoff", "retry_backoff_max",
-                                              "retry_jitter", "retry_kwargs"}), takes_cap=True),
-    "dramatiq": Dialect(from_dramatiq, frozenset({"max_retries", "min_backoff", "max_backoff",
-                                                  "retry_when", "throws",
-                                                  "on_retry_exhausted"}), takes_cap=True,
-                        takes_version=True),
-    "bullmq": Dialect(from_bullmq, frozenset({"attempts", "backoff", "removeOnFail"})),
-    "temporal": Dialect(from_temporal, frozenset({
-        "initialInterval", "backoffCoefficient", "maximumInterval", "maximumAttempts",
-        "nonRetryableErrorTypes", "initial_interval", "backoff_coefficient", "maximum_interval",
-        "maximum_attempts", "non_retryable_error_types", "scheduleToCloseTimeout",
-        "schedule_to_close_timeout"}), takes_cap=True),
-    "queue": Dialect(from_queue_backoff, frozenset({"MaxRetries", "RetryBackoffBaseMS",
-                                                    "RetryBackoffMaxMS", "max_retries",
-                                                    "retry_backoff_base_ms",
-                                                    "retry_backoff_max_ms", "BaseMS", "MaxMS"})),
-}
+    migrations: list[Migration]
+    skipped: list[tuple[str, str]]
 
 
 def load_document(text: str, origin: str = "<input>") -> Any:
@@ -103,9 +66,19 @@ def migrate_text(dialect: str, text: str, *, origin: str = "<input>", ruby: bool
     spec = _dialect(dialect)
     if ruby:
         return _from_ruby(spec, [(origin, job) for job in read_ruby(text)], options)
-    entries = _entries(load_document(text, origin), spec, origin, lenient=retry_options_only)
+    return _from_document(spec, load_document(text, origin), origin, retry_options_only,
+                          options)[0]
+
+
+def _from_document(spec: Dialect, doc: Any, origin: str, scanned: bool,
+                   options: Mapping[str, Any]) -> tuple[list[Migration], str | None]:
+    """The jobs of ``doc``; found by a directory scan, none and why if it holds no job of
+    the dialect (``database.yml``, a JSON file that is not the dialect's)."""
+    why = _passed_over(doc, spec, origin) if scanned else None
+    if why:
+        return [], why
     return [spec.translate(opts, name=job_name, origin=origin, **_kwargs(spec, options))
-            for job_name, opts in entries]
+            for job_name, opts in _entries(doc, spec, origin)], None
 
 
 def migrate_path(dialect: str, path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
@@ -115,6 +88,12 @@ def migrate_path(dialect: str, path: str | os.PathLike[str] | Sequence[str | os.
     Several paths (``app/`` and ``config/``) are one run: a job's superclass or Sidekiq's
     defaults may be in any of them; a file named twice is read once.
     """
+    return scan_path(dialect, path, **options).migrations
+
+
+def scan_path(dialect: str, path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+              **options: Any) -> Scan:
+    """``migrate_path``, with the files a directory scan passed over and why."""
     spec = _dialect(dialect)
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     scanned = _files_of(spec, paths)
@@ -130,13 +109,16 @@ def migrate_path(dialect: str, path: str | os.PathLike[str] | Sequence[str | os.
     by_file: dict[str, list[Migration]] = {}
     for migration in _from_ruby(spec, found, options):
         by_file.setdefault((migration.origin or "").rpartition(":")[0], []).append(migration)
-    out: list[Migration] = []
+    out = Scan([], [])
     for file, text in texts.items():
         if file.suffix == ".rb" or file in configs:
-            out.extend(by_file.get(str(file), []))
-        else:
-            out.extend(migrate_text(dialect, text, origin=str(file),
-                                    retry_options_only=scanned[file], **options))
+            out.migrations.extend(by_file.get(str(file), []))
+            continue
+        jobs, why = _from_document(spec, load_document(text, str(file)), str(file),
+                                   scanned[file], options)
+        out.migrations.extend(jobs)
+        if why:
+            out.skipped.append((str(file), why))
     return out
 
 
@@ -215,13 +197,23 @@ def _kwargs(spec: Dialect, options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _entries(doc: Any, spec: Dialect, origin: str, *,
-             lenient: bool = False) -> Iterator[tuple[str | None, Any]]:
-    """The jobs of a document. ``lenient`` (a directory scan): a document with no job in
-    it (no mapping, or none naming a job or holding one of the dialect's options) is
-    passed over, whole."""
-    if lenient and not any(_job_like(item, spec) for item in _items(doc)):
-        return
+def _passed_over(doc: Any, spec: Dialect, origin: str) -> str | None:
+    """Why a scan passes ``doc`` over, whole: no job in it (no mapping naming a job or holding
+    one of the dialect's options), or a job whose options are not the dialect's."""
+    if not any(_job_like(item, spec) for item in _items(doc)):
+        return "no job in it"
+    unlike = spec.unlike
+    if unlike is None:
+        return None
+    for job_name, opts in _entries(doc, spec, origin):
+        why = unlike(opts) if isinstance(opts, Mapping) else "not a mapping of options"
+        if why:
+            return f"{job_name}: {why}" if job_name else why
+    return None
+
+
+def _entries(doc: Any, spec: Dialect, origin: str) -> Iterator[tuple[str | None, Any]]:
+    """The jobs of a document: ``(name, options)``."""
     if isinstance(doc, list):
         for index, item in enumerate(doc):
             if not isinstance(item, Mapping):

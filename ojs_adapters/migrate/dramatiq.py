@@ -21,6 +21,7 @@ initial interval is ``min_backoff`` times the mean factor (1.5, or 0.75 before
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,6 +50,45 @@ DEFAULT_MAX_BACKOFF_MS = 86_400_000 * 7
 MAX_EXPONENT = 32
 _KNOWN = {"max_retries", "min_backoff", "max_backoff", "retry_when", "throws",
           "on_retry_exhausted"}
+
+
+#: The other options of ``@dramatiq.actor`` a file of actors may hold, and the value type
+#: of each option an actor file is recognised by (``None``: ``max_retries`` unbounded).
+_ACTOR_TYPES: dict[str, tuple[type, ...]] = {
+    "max_retries": (int, type(None)), "min_backoff": (int, float), "max_backoff": (int, float),
+    "throws": (str, list), "retry_when": (str,), "on_retry_exhausted": (str,),
+    "actor_name": (str,), "name": (str,), "queue_name": (str,), "priority": (int,),
+    "time_limit": (int, float), "max_age": (int, float), "store_results": (bool,),
+    "result_ttl": (int, float), "on_success": (str,), "on_failure": (str,),
+    "notify_shutdown": (bool,),
+}
+_ERROR_NAME = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def unlike_dramatiq(options: Mapping[Any, Any]) -> str | None:
+    """Why ``options`` are not one actor's options as ``migrate --from dramatiq`` reads them
+    (a directory scan passes such a file over); ``None`` when they are.
+
+    Every key is an ``@dramatiq.actor`` option, of its type; ``throws`` names exception
+    classes. An unrelated JSON document that happens to hold ``throws`` is not an actor.
+
+    >>> unlike_dramatiq({"max_retries": 3, "throws": ["billing.CardDeclined"]}) is None
+    True
+    >>> unlike_dramatiq({"throws": True, "description": "may fail"})
+    "key 'description' is not a Dramatiq actor option"
+    """
+    unknown = sorted(str(key) for key in options if str(key) not in _ACTOR_TYPES)
+    if unknown:
+        return f"key {unknown[0]!r} is not a Dramatiq actor option"
+    for key, value in options.items():
+        types = _ACTOR_TYPES[str(key)]
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            return f"{key!r} is {value!r}, not a Dramatiq {key} value"
+    throws = options.get("throws")
+    names = [throws] if isinstance(throws, str) else throws or []
+    if not all(isinstance(n, str) and _ERROR_NAME.fullmatch(n) for n in names):
+        return f"'throws' is {throws!r}, not exception class names"
+    return None
 
 
 def dramatiq_band(retries: int, *, min_ms: int, max_ms: int, before_2: bool = False) -> Band:

@@ -90,11 +90,17 @@ def command(framework: str, app: str | None, broker: str | None, queues: tuple[s
                                    f"'ojs-adapters[web]' ({exc})") from None
     if not app and not broker:
         raise click.UsageError("give --app MODULE[:ATTR] or --broker URL")
+    from ojs_adapters.runtime.dlq import read_options
+
+    try:
+        settings_options = read_options(framework, options)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--option'") from None
     try:
         tokens = read_tokens(token_file)
         settings = ConsoleSettings(
             framework=framework, app=app, broker=broker, queues=queues,
-            options=dict(item.partition("=")[::2] for item in options), tokens=tokens,
+            options=settings_options, tokens=tokens,
             show_args=show_args, stats_url=stats_url, stats_prefix=stats_prefix,
             allowed_hosts=allowed_hosts(host, hosts))
     except (OSError, ValueError) as exc:

@@ -70,7 +70,7 @@ class Guard:
 
     def session(self, name: str, *, now: float | None = None) -> str:
         """The session cookie value for operator ``name``."""
-        expires = str(int((now or time.time()) + SESSION_SECONDS))
+        expires = str(int((time.time() if now is None else now) + SESSION_SECONDS))
         signature = self._sign("session", name, expires, self._print(name))
         # percent-encoded: any name (``;``, ``,``, ``|``, spaces, any script) is cookie-safe
         return f"{quote(name, safe='')}|{expires}|{signature}"
@@ -101,7 +101,7 @@ class Guard:
         name = unquote(quoted)  # a malformed escape stays as it is: no signature fits it
         if not name or name not in self.settings.tokens or not expires.isdigit():
             return None
-        if int(expires) < (now or time.time()):
+        if int(expires) < (time.time() if now is None else now):
             return None
         expected = self._sign("session", name, expires, self._print(name))
         return name if hmac.compare_digest(expected, signature) else None

@@ -221,3 +221,32 @@ def test_migrate_bad_input_exits_1_with_the_ojs_error() -> None:
     assert run("migrate", "--from", "celery", "--version", "5", "-", input="{}").exit_code == 2
     assert run("migrate", "--from", "bullmq", "--cap-unbounded", "3", "-",
                input="{}").exit_code == 2
+
+
+def test_a_dramatiq_scan_takes_only_actor_options(tmp_path: Path) -> None:
+    """docs/migration.md (Dramatiq input): a directory scan takes a file of actor options,
+    and passes over JSON that merely holds ``throws`` (it was read as an actor); with
+    nothing taken it says what it passed over and why."""
+    (tmp_path / "lint").mkdir()
+    write(tmp_path / "lint", {"name": "no-throw", "throws": True, "description": "a rule"},
+          "rule.json")
+    write(tmp_path / "lint", {"throws": ["ValueError"], "docs": "https://example.com"},
+          "api.json")
+    passed = run("migrate", "--from", "dramatiq", str(tmp_path / "lint"))
+    assert_ojs_error(passed, "INVALID_PAYLOAD", str(tmp_path / "lint"))
+    assert f"no dramatiq retry settings found in {tmp_path / 'lint'}; passed over: " \
+           f"{tmp_path / 'lint' / 'api.json'} (key 'docs' is not a Dramatiq actor option); " \
+           f"{tmp_path / 'lint' / 'rule.json'} (no-throw: key 'description' is not a " \
+           "Dramatiq actor option)" in " ".join(passed.stderr.split())
+    write(tmp_path / "lint", {"charge": {"max_retries": 3, "min_backoff": 1000,
+                                         "throws": ["billing.CardDeclined"],
+                                         "queue_name": "billing"},
+                              "send_email": {"actor_name": "send_email"}}, "actors.json")
+    taken = run("migrate", "--from", "dramatiq", str(tmp_path / "lint"), "--json")
+    assert taken.exit_code == 0, taken.output
+    migrations = json.loads(taken.output)["migrations"]
+    assert [(m["name"], m["policy"]["max_attempts"]) for m in migrations] == [
+        ("charge", 4), ("send_email", 21)]
+    assert migrations[0]["policy"]["non_retryable_errors"] == ["billing.CardDeclined"]
+    named = run("migrate", "--from", "dramatiq", str(tmp_path / "lint" / "api.json"), "--json")
+    assert named.exit_code == 0, named.output  # a file named on purpose is read as given

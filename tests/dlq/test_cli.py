@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
@@ -129,7 +130,8 @@ def test_dlq_verbs_list_show_replay_delete_prune_purge(setup: Setup) -> None:
     again = setup.run("replay", ids[0], "--json")  # no longer dead: said, and exit 1
     assert again.exit_code == 1 and json.loads(again.stdout)["skipped"] == [ids[0]]
     typo = setup.run("replay", "no-such-job")
-    assert typo.exit_code == 1 and "skipped 1 not (or no longer) dead" in typo.output
+    assert typo.exit_code == 1
+    assert "not (or no longer) dead letters here: no-such-job" in typo.stderr
     typo = setup.run("delete", "no-such-job")
     assert typo.exit_code == 1 and "not (or no longer) dead letters here: no-such-job" \
         in typo.output  # the id that named nothing, not just "deleted 0"
@@ -280,3 +282,73 @@ def test_dlq_list_keeps_typical_names_whole_at_the_piped_width(
                  "builtins.RuntimeError"):
         assert text in row, result.stdout
     assert datetime.now(timezone.utc).strftime("%Y-%m-%d ") in row  # seconds, UTC
+
+
+def test_dlq_replay_names_the_ids_it_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """replay names the ids that named no dead letter on stderr, as delete does (a count
+    alone left the user to find the typo), and exits 1 for them."""
+    _in_memory(monkeypatch, ["job-0", "job-1"])
+    result = CliRunner().invoke(main, ["dlq", "replay", "job-0", "typo", "gone",
+                                       "--framework", "memory"])
+    assert result.exit_code == 1, result.output
+    assert result.stdout == "replayed 1 dead letter; skipped 2\n"
+    assert "not (or no longer) dead letters here: gone, typo" in result.stderr
+
+
+def test_dlq_refuses_an_option_key_the_framework_does_not_read() -> None:
+    """An unknown ``--option`` key (``namespace`` is Dramatiq's; a typo) is refused before
+    any broker is reached, naming the key and the valid ones; it was silently ignored."""
+    runner = CliRunner()
+    celery = runner.invoke(main, ["dlq", "list", "--framework", "celery", "--broker",
+                                  "redis://127.0.0.1:1/0", "--option", "namespace=x"])
+    assert celery.exit_code == 2, celery.output
+    assert "Invalid value for '--option': unknown key 'namespace' for celery; valid keys: " \
+           "backend, management" in celery.output
+    dramatiq_ = runner.invoke(main, ["dlq", "purge", "--yes", "--framework", "dramatiq",
+                                     "--broker", "redis://127.0.0.1:1/0", "--option",
+                                     "managment=none"])
+    assert dramatiq_.exit_code == 2 and "unknown key 'managment'" in dramatiq_.output
+    bare = runner.invoke(main, ["dlq", "list", "--framework", "celery", "--option", "backend"])
+    assert bare.exit_code == 2 and "'backend' is not KEY=VALUE" in bare.output
+
+
+#: The Celery app ``--app tests.dlq.test_cli:CELERY_APP`` names while a test runs.
+CELERY_APP: Any = None
+
+
+def test_dlq_refuses_a_dead_letter_queue_s_name_where_the_original_queue_goes(
+        redis_url: str) -> None:
+    """``--queue trial_q.dead_letter`` (Celery) or ``trial_q.XQ`` (Dramatiq) looked for that
+    queue's own dead-letter queue and listed 0 rows: exit 2, naming the original to pass.
+    Names come from each framework's naming (the app's ``ojs_dead_letter_queue`` too)."""
+    global CELERY_APP
+    from celery import Celery
+
+    queue = f"trial_{uuid.uuid4().hex[:8]}"
+    runner = CliRunner()
+
+    def run(framework: str, *args: str) -> Result:
+        return runner.invoke(main, ["dlq", "list", "--framework", framework, *args])
+
+    by_url = ("--broker", redis_url)
+    for framework, dead in (("celery", f"{queue}.dead_letter"), ("dramatiq", f"{queue}.XQ")):
+        refused = run(framework, *by_url, "--queue", dead)
+        assert refused.exit_code == 2, refused.output
+        assert f"Invalid value for '--queue': '{dead}' is the dead-letter queue of " \
+               f"'{queue}': pass --queue {queue}" in refused.output
+        listed = run(framework, *by_url, "--queue", queue, "--json")
+        assert listed.exit_code == 0 and json.loads(listed.stdout)["total"] == 0, listed.output
+    assert run("dramatiq", *by_url, "--queue", f"{queue}.DQ").exit_code == 0  # not dead letters
+    CELERY_APP = Celery("trial", broker=redis_url, set_as_current=False)
+    CELERY_APP.conf.ojs_dead_letter_queue = "dlq.{queue}"
+    try:
+        app = ("--app", "tests.dlq.test_cli:CELERY_APP")
+        refused = run("celery", *app, "--queue", f"dlq.{queue}")
+        assert refused.exit_code == 2 and f"pass --queue {queue}" in refused.output
+        assert run("celery", *app, "--queue", f"{queue}.dead_letter").exit_code == 0
+        CELERY_APP.conf.ojs_dead_letter_queue = "dead_letters"  # one queue for all
+        shared = run("celery", *app, "--queue", "dead_letters")
+        assert shared.exit_code == 2 and "'dead_letters' is the dead-letter queue every " \
+            "queue shares: pass an original --queue" in shared.output
+    finally:
+        CELERY_APP = None

@@ -333,3 +333,19 @@ def test_celery_looks_in_the_default_queue_and_what_the_management_api_lists(
     finally:
         dlq.close()
         api.close()
+
+
+@pytest.mark.broker
+def test_a_url_ending_in_two_slashes_is_vhost_slash_as_kombu_reads_it(
+        unique_dead_letter: tuple[str, str], amqp_url: str) -> None:
+    """``amqp://guest:guest@host:5672//``, as kombu and Celery users write vhost ``/``,
+    finds the dead letter there; pika read ``//`` as vhost ``""``, which RabbitMQ refuses."""
+    queue, message_id = unique_dead_letter
+    spelled = pika_url(amqp_url)
+    if not spelled.endswith("/%2F"):
+        pytest.skip("the test RabbitMQ is not on vhost '/'")
+    kombu_url = spelled[:-len("/%2F")] + "//"
+    listed = _dlq("list", "--framework", "dramatiq", "--broker", kombu_url, "--option",
+                  "management=none", "--queue", queue, "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [x["id"] for x in json.loads(listed.stdout)["items"]] == [message_id]

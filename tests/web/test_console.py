@@ -368,3 +368,38 @@ def test_any_operator_name_round_trips_through_the_session_cookie(
     done = client.post("/actions/dead-letters",
                        data={"action": "delete", "id": "d1", "queue": "q", "csrf": token})
     assert "Deleted 1 dead letter" in done.text and backend.dead_letters.list().total == 0
+
+
+def test_session_clock_given_as_zero_is_read_as_zero() -> None:
+    """``now=0.0`` is a time (the epoch), not 'no time given': a session made then expires
+    ``SESSION_SECONDS`` later, and a check at 0.0 accepts it (``now or time.time()``
+    read 0.0 as now, making that session a current one and checking it against today)."""
+    from ojs_adapters.web._security import SESSION_SECONDS, Guard
+
+    guard = Guard(ConsoleSettings(framework="celery", tokens={"ops": "t" * 20},
+                                  secret=b"k" * 32))
+    cookie = guard.session("ops", now=0.0)
+    assert cookie.split("|")[1] == str(SESSION_SECONDS)
+    assert guard.from_session(cookie, now=0.0) == "ops"
+    assert guard.from_session(cookie) is None  # long expired by today's clock
+
+
+def test_ojs_retry_web_refuses_an_option_key_it_would_ignore(backend: FakeBackend,
+                                                             monkeypatch: Any) -> None:
+    """``--option nmespace=x`` (a typo) was dropped, the console then looking in the default
+    namespace: it is refused, naming the key and the keys the framework reads."""
+    import uvicorn
+    from click.testing import CliRunner
+
+    from ojs_adapters.web._cmd import command
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(app))
+    monkeypatch.setattr("ojs_adapters.web._app.open_console_backend", lambda *a, **k: backend)
+    base = ["--framework", "dramatiq", "--broker", "redis://127.0.0.1:6379/0"]
+    typo = CliRunner().invoke(command, [*base, "--option", "nmespace=x"])
+    assert typo.exit_code == 2 and not served, typo.output
+    assert "Invalid value for '--option': unknown key 'nmespace' for dramatiq; valid keys: " \
+           "management, namespace, records, records_prefix" in typo.output
+    right = CliRunner().invoke(command, [*base, "--option", "namespace=x"])
+    assert right.exit_code == 0 and len(served) == 1, right.output

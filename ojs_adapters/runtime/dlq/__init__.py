@@ -55,11 +55,14 @@ from ojs_adapters.runtime.dlq._queue import (
 )
 from ojs_adapters.runtime.dlq._registry import (
     ENTRY_POINT_GROUP,
+    OPTION_KEYS,
+    DeadLetterQueueGiven,
     Opener,
     frameworks,
     load_object,
     named_module_hint,
     open_dead_letter_queue,
+    read_options,
 )
 from ojs_adapters.runtime.dlq._retention import (
     DEFAULT_MAX_AGE,
@@ -76,6 +79,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "MANAGEMENT_OFF",
     "MANAGEMENT_TIMEOUT",
+    "OPTION_KEYS",
     "PAGE_SIZE",
     "REPLAY_BATCH",
     "REPLAY_HEADER",
@@ -84,6 +88,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetterFilter",
     "DeadLetterQueue",
+    "DeadLetterQueueGiven",
     "DeadLetterStore",
     "DeadLetters",
     "DeleteReport",
@@ -105,6 +110,7 @@ __all__ = [
     "open_dead_letter_queue",
     "originals",
     "prune_hook",
+    "read_options",
     "replay_info",
     "replayed_record",
 ]

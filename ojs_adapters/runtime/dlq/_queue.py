@@ -134,6 +134,9 @@ class DeadLetters:
     >>> dlq.prune(Retention(max_age=timedelta(days=30)))  # doctest: +SKIP
     """
 
+    #: Where the store's broker is, for messages (set by an adapter's opener; ``None``: unsaid).
+    broker_url: str | None = None
+
     def __init__(self, store: DeadLetterStore) -> None:
         self.store = store
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from importlib.metadata import entry_points
 from typing import Any, Protocol
@@ -41,6 +41,57 @@ class Opener(Protocol):
     def __call__(self, *, app: str | None = None, broker: str | None = None,
                  queues: Sequence[str] = (),
                  options: Mapping[str, str] | None = None) -> DeadLetterQueue: ...
+
+
+class DeadLetterQueueGiven(ValueError):
+    """A queue to look at is itself a dead-letter queue: adapters take original queues.
+
+    ``original`` is the queue it holds the dead letters of (``None`` for a name every
+    queue shares). Without this, the adapter looks for the dead-letter queue *of* that
+    dead-letter queue and finds nothing.
+
+    >>> str(DeadLetterQueueGiven("q.XQ", "q"))
+    "'q.XQ' is the dead-letter queue of 'q': name the original queue, 'q'"
+    """
+
+    def __init__(self, queue: str, original: str | None) -> None:
+        self.queue, self.original = queue, original
+        of = f"of {original!r}" if original else "every queue shares"
+        name = f", {original!r}" if original else ""
+        super().__init__(f"{queue!r} is the dead-letter queue {of}: name the original "
+                         f"queue{name}")
+
+
+#: The ``options`` keys each built-in adapter reads (``ojs-retry dlq --option KEY=VALUE``).
+OPTION_KEYS: Mapping[str, tuple[str, ...]] = {
+    "celery": ("backend", "management"),
+    "dramatiq": ("management", "namespace", "records", "records_prefix"),
+}
+
+
+def read_options(framework: str, items: Iterable[str]) -> dict[str, str]:
+    """``KEY=VALUE`` items as the ``options`` of ``framework``'s opener; ``ValueError`` naming
+    an item without ``=`` or a key the adapter does not read (it would be ignored).
+
+    A framework not in ``OPTION_KEYS`` (another package's adapter) takes any key.
+
+    >>> read_options("celery", ["management=none"])
+    {'management': 'none'}
+    >>> read_options("celery", ["namespace=x"])
+    Traceback (most recent call last):
+    ValueError: unknown key 'namespace' for celery; valid keys: backend, management
+    """
+    known = OPTION_KEYS.get(framework)
+    found: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{item!r} is not KEY=VALUE")
+        if known is not None and key not in known:
+            raise ValueError(f"unknown key {key!r} for {framework}; valid keys: "
+                             f"{', '.join(known)}")
+        found[key] = value
+    return found
 
 
 def frameworks() -> list[str]:
