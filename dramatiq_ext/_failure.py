@@ -7,18 +7,34 @@ from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from ojs_adapters.failure import Failure, describe_failure, requested_retry
 
+#: The message recorded for a bare ``raise Retry()`` (Dramatiq gives it none).
+_ASKED = "retry requested by the handler"
+
 
 def failure_of(exception: BaseException) -> Failure:
     """What ``decide`` needs to know about an exception a Dramatiq actor raised."""
     if isinstance(exception, TimeLimitExceeded):
         return describe_failure(exception, catalog_code="HANDLER_TIMEOUT")
     if isinstance(exception, Retry):
-        # The handler asks for a retry, as Celery's ``self.retry(exc=...)``: the failure is
-        # what it was handling (``raise Retry(...) from exc``, or raised in ``except``),
-        # with handler code RETRY and its delay (ms) as a floor (``requested_retry``).
-        cause = exception.__cause__
-        if cause is None and not exception.__suppress_context__:
-            cause = exception.__context__
-        delay = exception.delay / 1000 if exception.delay is not None else None
-        return requested_retry(None if isinstance(cause, Retry) else cause, delay)
+        return handler_retry(exception)
     return describe_failure(exception)
+
+
+def handler_retry(exception: Retry) -> Failure:
+    """``raise Retry(delay=...)``: the handler asks for a retry (handler code RETRY).
+
+    Recorded as Celery records ``self.retry(exc=...)``: the error it was handling (``raise
+    Retry(...) from exc``, or raised in ``except``), else the ``Retry`` itself; its delay
+    (ms) is a floor on the policy's (``requested_retry``). It is never matched against
+    ``non_retryable_errors`` (no ``names``): natively Dramatiq retries a ``Retry`` whatever
+    ``throws`` lists, and a retry the handler asked for is not an error to stop on.
+    """
+    cause = exception.__cause__
+    if cause is None and not exception.__suppress_context__:
+        cause = exception.__context__
+    delay = exception.delay / 1000 if exception.delay is not None else None
+    failure = requested_retry(exception if cause is None or isinstance(cause, Retry)
+                              else cause, delay)
+    if failure.type == "dramatiq.errors.Retry" and not exception.message:  # str() is "''"
+        failure = failure._replace(message=_ASKED)
+    return failure._replace(names=())
