@@ -38,6 +38,7 @@ from dramatiq_ext._outcome import (
     DeliveryOutcome,
     failed_to_dead_letters,
 )
+from dramatiq_ext._quiet_hop import quiet_hop
 from dramatiq_ext._records import Records, key_of, new_record
 from dramatiq_ext._settings import ACTOR_OPTIONS, JitterSource, RetriesSettings
 from dramatiq_ext._state import MessageState
@@ -117,6 +118,7 @@ class OjsRetries(RetriesSettings):
                           "dead_letter", self.record_ttl) == "other":
                 raise AttemptConsumed("a second copy of a dead letter: dropped")
             message.fail()
+            quiet_hop(message)  # no "was skipped" WARNING for it (INFO in after_skip_message)
             raise SkipMessage("dead-lettered by OjsRetries")
         policy = self._policy(broker, message)
         if state.invalid is not None:  # unreadable OJS state: dead-letter it unrun (_state)
