@@ -17,7 +17,7 @@ import pytest
 from dramatiq.results import ResultFailure, Results
 from dramatiq.results.backends import RedisBackend
 
-from tests.dramatiq_ext.harness import Env, flaky, make_env
+from tests.dramatiq_ext.harness import Env, crashed_attempt, flaky, make_env
 
 FAST = {"initial_interval": "PT0.02S", "jitter": False}
 
@@ -81,3 +81,16 @@ def test_a_dead_lettered_job_stores_its_error_as_native_failure_does(
     assert str(failure) == "actor raised Fatal: card stolen"
     [dead] = env.dead_letters(expect=1)
     assert dead.message_id == message.message_id
+
+
+def test_a_job_ended_with_its_worker_stores_the_ojs_error_type(
+        results_env: tuple[Env, Any]) -> None:
+    """RET-12: no exception was raised (the worker died), so the name is the OJS type."""
+    env, backend = results_env
+    actor = env.actor(flaky(0, []), store_results=True, retry_policy={"max_attempts": 1})
+    message = crashed_attempt(env, actor)
+    env.start()
+    env.broker.enqueue(message)
+    failure = _failure(env, backend, message)
+    assert failure.orig_exc_type == "ojs.worker_lost"
+    assert env.wait_record(message.message_id).outcome == "discarded"
