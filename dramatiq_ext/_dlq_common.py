@@ -15,6 +15,7 @@ from dramatiq.broker import Broker
 from dramatiq.common import q_name
 from dramatiq.message import Message
 
+from dramatiq_ext._ended import FAILURE_OPTION
 from dramatiq_ext._handoff import TOKEN_OPTION
 from dramatiq_ext._state import STATE_OPTION, MessageState
 from dramatiq_ext.middleware import OjsRetries
@@ -24,8 +25,10 @@ from ojs_adapters.runtime.dlq import DeadLetter, ReplayMark, last_error, replaye
 from ojs_adapters.runtime.handoff import HANDED_OFF, HEADER_NAMES
 
 #: Options that belong to one hop through a broker (and the hand-off's: the last
-#: failure's ``x-ojs-*``, the copy's token), dropped from a replayed copy.
-_HOP_OPTIONS = frozenset({"eta", "redis_message_id", TOKEN_OPTION, *HEADER_NAMES})
+#: failure's ``x-ojs-*``, the copy's token, the dead letter's error for ``Results``),
+#: dropped from a replayed copy.
+_HOP_OPTIONS = frozenset({"eta", "redis_message_id", TOKEN_OPTION, FAILURE_OPTION,
+                          *HEADER_NAMES})
 #: Record keys of the dead round that a replay drops: the dead letter's hand-off mark, the
 #: end reason.
 _ROUND_MARKS = frozenset({HANDED_OFF, "end_reason"})

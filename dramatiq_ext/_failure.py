@@ -5,7 +5,7 @@ from __future__ import annotations
 from dramatiq.errors import Retry
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
-from ojs_adapters.failure import Failure, describe_failure, requested_retry
+from ojs_adapters.failure import RETRY_REQUESTED_TYPE, Failure, describe_failure, requested_retry
 
 
 def failure_of(exception: BaseException) -> Failure:
@@ -13,12 +13,26 @@ def failure_of(exception: BaseException) -> Failure:
     if isinstance(exception, TimeLimitExceeded):
         return describe_failure(exception, catalog_code="HANDLER_TIMEOUT")
     if isinstance(exception, Retry):
-        # The handler asks for a retry, as Celery's ``self.retry(exc=...)``: the failure is
-        # what it was handling (``raise Retry(...) from exc``, or raised in ``except``),
-        # with handler code RETRY and its delay (ms) as a floor (``requested_retry``).
-        cause = exception.__cause__
-        if cause is None and not exception.__suppress_context__:
-            cause = exception.__context__
-        delay = exception.delay / 1000 if exception.delay is not None else None
-        return requested_retry(None if isinstance(cause, Retry) else cause, delay)
+        return handler_retry(exception)
     return describe_failure(exception)
+
+
+def handler_retry(exception: Retry) -> Failure:
+    """``raise Retry(delay=...)``: the handler asks for a retry (handler code RETRY).
+
+    Recorded as Celery records ``self.retry(exc=...)``: the error it was handling (``raise
+    Retry(...) from exc``, or raised in ``except``), else ``ojs.retry_requested`` with the
+    ``Retry``'s message if it has one (as a bare ``self.retry()``); its delay
+    (ms) is a floor on the policy's (``requested_retry``). It is never matched against
+    ``non_retryable_errors`` (no ``names``): natively Dramatiq retries a ``Retry`` whatever
+    ``throws`` lists, and a retry the handler asked for is not an error to stop on.
+    """
+    cause = exception.__cause__
+    if cause is None and not exception.__suppress_context__:
+        cause = exception.__context__
+    delay = exception.delay / 1000 if exception.delay is not None else None
+    failure = requested_retry(None if cause is None or isinstance(cause, Retry) else cause,
+                              delay)
+    if failure.type == RETRY_REQUESTED_TYPE and exception.message:
+        failure = failure._replace(message=str(exception.message))
+    return failure._replace(names=())

@@ -33,6 +33,8 @@ KEY_OPTION = "idempotency_key"
 TRANSLATED_OPTIONS = frozenset({"max_retries", "min_backoff", "max_backoff", "throws"})
 #: What native Dramatiq does with a message it stops retrying (``message.fail()``: ``.XQ``).
 NATIVE_EXHAUSTION = "dead_letter"
+#: Dramatiq's default ``max_retries`` (``Retries``), kept by an actor stating other options.
+NATIVE_MAX_RETRIES = 20
 #: Dramatiq ``Retries`` options with no OJS meaning, and what to use instead.
 REJECTED_OPTIONS: Mapping[str, str] = {
     "retry_when": "a predicate cannot be expressed as an OJS policy; raise "
@@ -72,11 +74,12 @@ def policy_option(value: Any, *, base: RetryPolicy, where: str) -> RetryPolicy:
 
 
 def actor_policy(options: Mapping[str, Any], default: RetryPolicy, *, actor: str,
-                 default_exhaustion: str | None = None) -> RetryPolicy:
+                 default_stated: Mapping[str, Any] | None = None) -> RetryPolicy:
     """The policy an actor's options give, over ``default``; raises ``InvalidRetryPolicy``.
 
-    ``default_exhaustion``: the ``on_exhaustion`` the middleware's ``default_policy``
-    states explicitly, if any; it overrides the native outcome as the actor's own would.
+    An actor stating a Dramatiq retry option keeps Dramatiq's meaning for what it leaves
+    out (DESIGN.md "Native parity"): 20 retries, then ``.XQ``. ``default_stated``: the
+    fields the middleware's ``default_policy`` states; like the actor's own, they win.
     """
     for name, hint in REJECTED_OPTIONS.items():
         if name in options:
@@ -88,8 +91,12 @@ def actor_policy(options: Mapping[str, Any], default: RetryPolicy, *, actor: str
         return policy_option(given, base=default, where=f"actor {actor!r}")  # raises
     own: Mapping[str, Any] = given or {}
     merged = {**own, **_translate(options, own, actor=actor)}
-    if native_options(options) and "on_exhaustion" not in own and default_exhaustion is None:
-        merged["on_exhaustion"] = NATIVE_EXHAUSTION
+    if native_options(options):
+        stated = {*own, *(default_stated or {})}
+        if "max_retries" not in options and "max_attempts" not in stated:
+            merged["max_attempts"] = NATIVE_MAX_RETRIES + 1
+        if "on_exhaustion" not in stated:
+            merged["on_exhaustion"] = NATIVE_EXHAUSTION
     return policy_option(merged or None, base=default, where=f"actor {actor!r}")
 
 

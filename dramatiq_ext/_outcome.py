@@ -21,6 +21,13 @@ from dramatiq.middleware import MiddlewareError
 
 from dramatiq_ext._alerts import dead_lettered
 from dramatiq_ext._dead_letter import dead_letter_in_place
+from dramatiq_ext._ended import (
+    FAILURE_OPTION,
+    JobDeadLettered,
+    dead_letter_exception,
+    raised_pair,
+    store_ended,
+)
 from dramatiq_ext._handoff import TOKEN_OPTION
 from dramatiq_ext._held_ack import PENDING, AckGate, Pending
 from dramatiq_ext._options import KEY_OPTION
@@ -38,11 +45,6 @@ from ojs_adapters.runtime.tokens import new_token
 
 #: Attribute of a ``MessageProxy`` holding the ``JobDeadLettered`` it was failed with.
 DEAD = "_ojs_dead_lettered"
-
-
-class JobDeadLettered(Exception):
-    """The exception a dead-lettered message carries into ``Results`` and ``StubBroker.join``
-    (``celery_ext.JobDeadLettered`` is its Celery twin)."""
 
 
 #: The name this exception had before it took Celery's (kept for ``except`` clauses).
@@ -134,6 +136,7 @@ class DeliveryOutcome:
             self.gate.save_before_ack(self.message, record)
             self.logger.debug("Ending message %r: %s (%s).", self.message.message_id,
                               decision.action, decision.reason)
+            store_ended(self.broker, self.message, decision.entry, self.logger)
         self.report(record, decision)
 
     def report(self, record: JobRecord, decision: Decision) -> None:
@@ -217,11 +220,11 @@ class DeliveryOutcome:
 def failed_to_dead_letters(message: MessageProxy, state: MessageState,
                            logger: logging.Logger) -> None:
     """``message`` is failed: its nack puts it in ``.XQ``. What ``Results`` stores for it
-    (a ``JobDeadLettered`` naming the last error), the log line, the on_dead_letter hooks."""
+    (a ``JobDeadLettered`` named as the last error, ``_ended``), the log line, the
+    on_dead_letter hooks."""
     message.fail()
-    if state.errors:
-        last = state.errors[-1]
-        dead = JobDeadLettered(f"{last.code} {last.type}: {last.message}")
+    dead = dead_letter_exception(message, state)
+    if dead is not None:
         message.stuff_exception(dead)
         vars(message)[DEAD] = dead  # the worker may stuff its own after us: put back
     logger.info("Message %r dead-lettered to %r after attempt %d.",
@@ -230,8 +233,12 @@ def failed_to_dead_letters(message: MessageProxy, state: MessageState,
 
 
 def successor(message: MessageProxy, state: MessageState) -> Any:
-    """The copy of ``message`` that ``state`` describes (a retry, or the dead letter)."""
-    return message.copy(options={STATE_OPTION: state.to_option(), KEY_OPTION: key_of(message)})
+    """The copy of ``message`` that ``state`` describes (a retry, or the dead letter, which
+    carries its last exception's class name and text for ``Results``: ``_ended``)."""
+    options: dict[str, Any] = {STATE_OPTION: state.to_option(), KEY_OPTION: key_of(message)}
+    if state.dead_letter:
+        options[FAILURE_OPTION] = raised_pair(message)
+    return message.copy(options=options)
 
 
 def _carried(record: JobRecord) -> dict[str, Any]:

@@ -85,11 +85,12 @@ class RetriesSettings(Middleware):
         self.logger = logging.getLogger(f"dramatiq_ext.middleware.{type(self).__name__}")
         self.default_policy = policy_option(default_policy, base=RetryPolicy(),
                                             where="default_policy")
-        #: ``on_exhaustion`` as ``default_policy`` states it (it overrides native parity).
-        # A ``RetryPolicy`` object states every field, ``on_exhaustion`` included.
-        self._default_exhaustion: str | None = default_policy.on_exhaustion \
-            if isinstance(default_policy, RetryPolicy) else default_policy.get("on_exhaustion") \
-            if isinstance(default_policy, Mapping) else None
+        #: The fields ``default_policy`` states (they override native parity, ``_options``).
+        # A ``RetryPolicy`` object states every field.
+        self._default_stated: dict[str, Any] = default_policy.to_dict() \
+            if isinstance(default_policy, RetryPolicy) else dict(default_policy) \
+            if isinstance(default_policy, Mapping) else {}
+        self._default_exhaustion: str | None = self._default_stated.get("on_exhaustion")
         self.jitter_source: JitterSource = jitter_source or random.random
         self.history_limit = max(history_limit, MIN_HISTORY)
         self.record_ttl = record_ttl
@@ -133,7 +134,7 @@ class RetriesSettings(Middleware):
             actor = broker.get_actor(actor_name)
             policy = self._actor_policies[actor_name] = actor_policy(
                 actor.options, self.default_policy, actor=actor_name,
-                default_exhaustion=self._default_exhaustion)
+                default_stated=self._default_stated)
         return policy
 
     # -- declaring, sending, booting: validation (RET-16) -------------------------------------
@@ -143,7 +144,7 @@ class RetriesSettings(Middleware):
         first = actor.actor_name not in self._actor_policies  # this hook runs twice per actor
         self._actor_policies[actor.actor_name] = actor_policy(
             actor.options, self.default_policy, actor=actor.actor_name,
-            default_exhaustion=self._default_exhaustion)
+            default_stated=self._default_stated)
         conflict = first and native_conflict(actor.options, actor=actor.actor_name,
                                              default_exhaustion=self._default_exhaustion)
         if conflict:

@@ -20,6 +20,7 @@ from dramatiq.threading import Interrupt
 
 from dramatiq_ext import _ack_ride as ack_ride
 from dramatiq_ext._context import clear_current_job, set_current_job
+from dramatiq_ext._ended import RAISED, JobDeadLettered
 from dramatiq_ext._failure import failure_of
 from dramatiq_ext._held_ack import PENDING, AckGate, HandoffPending, Pending
 from dramatiq_ext._lease import (
@@ -35,9 +36,9 @@ from dramatiq_ext._outcome import (
     AttemptConsumed,
     DeadLettered,
     DeliveryOutcome,
-    JobDeadLettered,
     failed_to_dead_letters,
 )
+from dramatiq_ext._quiet_hop import quiet_hop
 from dramatiq_ext._records import Records, key_of, new_record
 from dramatiq_ext._settings import ACTOR_OPTIONS, JitterSource, RetriesSettings
 from dramatiq_ext._state import MessageState
@@ -117,6 +118,7 @@ class OjsRetries(RetriesSettings):
                           "dead_letter", self.record_ttl) == "other":
                 raise AttemptConsumed("a second copy of a dead letter: dropped")
             message.fail()
+            quiet_hop(message)  # no "was skipped" WARNING for it (INFO in after_skip_message)
             raise SkipMessage("dead-lettered by OjsRetries")
         policy = self._policy(broker, message)
         if state.invalid is not None:  # unreadable OJS state: dead-letter it unrun (_state)
@@ -219,6 +221,7 @@ class OjsRetries(RetriesSettings):
             started = vars(message).get(_STARTED_AT)
             state = state._replace(first_attempt_at=started or time.time())
         decision = self._decide(broker, message, policy, state, failure_of(exception))
+        vars(message)[RAISED] = exception  # what Results stores if the job ends (_ended)
         self._carry_out(broker, message, state, policy, record, decision)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:

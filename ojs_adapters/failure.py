@@ -96,7 +96,8 @@ class Failure(NamedTuple):
     """A failed attempt, reduced to what ``decide`` needs.
 
     ``names`` is the error type followed by the types it also answers to
-    (base classes); ``catalog_code`` is ``HANDLER_ERROR``, ``HANDLER_TIMEOUT``,
+    (base classes; empty: matched against no ``non_retryable_errors`` entry, as
+    Dramatiq's ``Retry``); ``catalog_code`` is ``HANDLER_ERROR``, ``HANDLER_TIMEOUT``,
     ``HANDLER_PANIC`` or an ``OjsError``'s own code; ``retryable`` is the
     catalog's word for an ``OjsError`` (``None`` when the policy decides);
     ``stalled`` marks a worker crash or visibility-timeout expiry (section 9.2),

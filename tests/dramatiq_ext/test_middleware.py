@@ -164,11 +164,13 @@ def test_stub_join_fail_fast_raises_dead_lettered(stub_env: Env) -> None:
                                                         "on_exhaustion": "dead_letter"})
     worker = stub_env.start()
     actor.send()
-    with pytest.raises(DeadLettered, match="HANDLER_ERROR ZeroDivisionError"):
+    with pytest.raises(DeadLettered, match="division by zero") as raised:
         for _ in range(3):  # the hop to the dead-letter queue is a second delivery
             stub_env.broker.join(stub_env.queue, fail_fast=True)
             worker.join()
             time.sleep(0.05)
+    assert type(raised.value).__name__ == "ZeroDivisionError"  # named as the actor's error
+    assert raised.value.entry is not None and raised.value.entry.code == "HANDLER_ERROR"
 
 
 def test_results_backend_holds_the_record_and_the_dead_letter_failure() -> None:
@@ -184,7 +186,7 @@ def test_results_backend_holds_the_record_and_the_dead_letter_failure() -> None:
     message = run(broker, actor)
     record = get_job_record(message.message_id, broker=broker)
     assert record is not None and record.dead_lettered and len(record.errors) == 2
-    with pytest.raises(ResultFailure, match="DeadLettered"):
+    with pytest.raises(ResultFailure, match="actor raised ZeroDivisionError: division by zero"):
         message.get_result(backend=backend, block=True, timeout=5000)
 
 

@@ -184,3 +184,46 @@ def test_replacing_retries_warns_only_when_its_settings_are_lost(
     if level == logging.WARNING:
         assert "max_retries=5" in said.getMessage() and "min_backoff=1000" in said.getMessage()
         assert "default_policy" in said.getMessage()
+
+
+#: Native retry options without ``max_retries``: Dramatiq's own 20 retries apply natively.
+NO_COUNT = {"min_backoff": 1, "max_backoff": 5, "throws": (Fatal,)}
+
+
+@pytest.mark.parametrize("kind", REAL_BROKERS)
+def test_native_options_without_max_retries_keep_dramatiqs_20_retries(
+        request: pytest.FixtureRequest, kind: str) -> None:
+    """DESIGN.md "Native parity": an actor naming only ``min_backoff``, ``max_backoff`` or
+    ``throws`` is retried Dramatiq's default 20 times (21 attempts), then lands on .XQ, as
+    native Dramatiq and ``ojs-retry migrate --from dramatiq`` say; not 3 attempts."""
+    native_calls: list[float] = []
+    with native_env(request, kind) as native:
+        actor = native.actor(flaky(99, native_calls), **NO_COUNT)
+        native.start()
+        actor.send()
+        native.dead_letters(expect=1, timeout=20)
+    calls: list[float] = []
+    with make_env(kind, **_urls(request, kind)) as env:  # type: ignore[arg-type]
+        actor = env.actor(flaky(99, calls), **NO_COUNT)
+        env.start()
+        message = actor.send()
+        record = env.wait_record(message.message_id, timeout=30)
+        [dead] = env.dead_letters(expect=1)
+    assert len(native_calls) == 21
+    assert (len(calls), record.max_attempts, record.outcome, dead.message_id) == (
+        21, 21, "dead_letter", message.message_id)
+
+
+def test_an_ojs_max_attempts_wins_over_dramatiqs_default_count(stub_env: Env) -> None:
+    """The native count applies only where no OJS policy states one (RET-10 merge)."""
+    own = stub_env.actor(flaky(0, []), min_backoff=10, retry_policy={"max_attempts": 4})
+    native = stub_env.actor(flaky(0, []), min_backoff=10)
+    plain = stub_env.actor(flaky(0, []))
+    attempts = [stub_env.ojs.actor_policy(stub_env.broker, a.actor_name).max_attempts
+                for a in (own, native, plain)]
+    assert attempts == [4, 21, 3]
+    broker = StubBroker(middleware=dramatiq_defaults())
+    ojs = OjsRetries(default_policy={"max_attempts": 5})
+    broker.add_middleware(ojs)
+    stated = dramatiq.actor(lambda: None, actor_name="stated", broker=broker, throws=Fatal)
+    assert ojs.actor_policy(broker, stated.actor_name).max_attempts == 5

@@ -289,6 +289,42 @@ def test_ret08_handler_retry_records_its_cause_with_code_retry(env: Env) -> None
     assert calls[1] - calls[0] >= 0.3
 
 
+@pytest.mark.parametrize("options", [
+    {"throws": (RuntimeError,), "min_backoff": 50},
+    {"retry_policy": {**FAST, "non_retryable_errors": ["RuntimeError", "dramatiq.*"]}},
+], ids=["throws", "non_retryable_errors"])
+def test_ret08_a_handler_retry_is_never_matched_as_non_retryable(
+        env: Env, options: dict[str, Any]) -> None:
+    """``raise Retry(delay=...)`` asks for a retry (handler code RETRY): natively Dramatiq
+    retries it whatever ``throws`` lists, even raised from a ``throws`` error, so it is never
+    matched against ``non_retryable_errors``; its delay is a floor on the policy's."""
+    from dramatiq.errors import Retry
+
+    calls: list[float] = []
+
+    def job() -> str:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise Retry(delay=300)
+        if len(calls) == 2:
+            try:
+                raise RuntimeError("stale")
+            except RuntimeError as error:
+                raise Retry(delay=10) from error
+        return "ok"
+
+    actor = env.actor(job, **options)
+    env.start()
+    message = actor.send()
+    record = env.wait_record(message.message_id)
+    assert (record.state, len(calls)) == ("completed", 3)
+    assert [(e.type, e.code, e.handler_code) for e in record.errors] == [
+        ("ojs.retry_requested", "HANDLER_ERROR", "RETRY"),
+        ("RuntimeError", "HANDLER_ERROR", "RETRY")]
+    assert record.extra["countdowns"][0] >= 0.3
+    assert calls[1] - calls[0] >= 0.3
+
+
 def test_a_retry_carries_its_record_so_admission_writes_it_active(env: Env) -> None:
     """The retry's ``options["ojs"]`` carries ``countdowns`` and ``delays_ms``: with them the
     admission script writes attempt 2's whole ``active`` record (docs/cost.md), and the
