@@ -1,6 +1,6 @@
 """What ``ojs-retry dlq`` says besides its results: notes, skipped ids, failures.
 
-A broker's failure is one sentence (``_broker_errors``), exit 1; bad input its message,
+A broker's failure is one sentence (``runtime.broker_errors``), exit 1; bad input its message,
 exit 1; a bug in ojs-retry says so, exit 70 (``EXIT_INTERNAL``), never a traceback.
 """
 
@@ -12,9 +12,9 @@ from typing import ParamSpec, TypeVar
 
 import click
 
-from ojs_adapters.cli._broker_errors import describe_failure, hide_password
 from ojs_adapters.cli._io import EXIT_INTERNAL
 from ojs_adapters.errors import OjsError
+from ojs_adapters.runtime.broker_errors import broker_failure, hide_password
 from ojs_adapters.runtime.dlq import DeadLetterQueue
 
 P = ParamSpec("P")
@@ -26,7 +26,7 @@ def failure(exc: Exception, broker: str | None, app: str | None,
     """A broker's failure as a sentence (exit 1); else a bug, in Python's words (exit 70)."""
     url = broker or found
     where = f"the broker at {hide_password(url)}" if url else f"the broker of --app {app}"
-    said = describe_failure(exc, where)
+    said = broker_failure(exc, where)
     if said is None:
         return Internal(f"internal error in ojs-retry: {type(exc).__name__}: {exc} "
                         "(please report it)")

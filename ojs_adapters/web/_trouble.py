@@ -9,12 +9,12 @@ reading or changing the broker is a 503 naming the broker and what to check.
 from __future__ import annotations
 
 import logging
-from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ojs_adapters.errors import OjsError
+from ojs_adapters.runtime.broker_errors import broker_failure, hide_password
 from ojs_adapters.web._console import Console
 from ojs_adapters.web._settings import ConsoleSettings
 
@@ -25,23 +25,10 @@ class BadInput(ValueError):
     """A query parameter or form field that breaks its rule; the message names both."""
 
 
-def shown_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (safe to show on a page).
-
-    >>> shown_url("amqp://ops:s3cret@mq.example.com:5672//")
-    'amqp://ops:***@mq.example.com:5672//'
-    """
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return parts._replace(netloc=f"{parts.username}:***@{host}").geturl()
-
-
 def broker_named(settings: ConsoleSettings) -> str:
     """The broker as the operator gave it: ``--broker``'s URL, else the ``--app``'s."""
     if settings.broker:
-        return f"the {settings.framework} broker at {shown_url(settings.broker)}"
+        return f"the {settings.framework} broker at {hide_password(settings.broker)}"
     return f"the broker of {settings.framework} app {settings.app or '?'}"
 
 
@@ -70,11 +57,13 @@ def trouble(console: Console, request: Request, error: Exception, *,
     what = ("Some of the selection may have been done (each letter is either still dead or "
             "queued once): look at the dead letters again before retrying."
             if acting else "Nothing was changed.")
-    return console.render(
-        request, "error.html", 503, title="Broker unavailable",
-        error=f"Could not read or change {broker_named(console.settings)} ({_said(error)}). "
-              "Check that it is running and reachable from this host, and the credentials "
-              f"it is given. {what}")
+    broker = broker_named(console.settings)
+    said = broker_failure(error, broker)  # the CLI's sentence: what failed, what to check
+    text = (said[0].upper() + said[1:] + ("" if said.endswith("?") else ".") if said else
+            f"Could not read or change {broker} ({_said(error)}). Check that it is running "
+            "and reachable from this host, and the credentials it is given.")
+    return console.render(request, "error.html", 503, title="Broker unavailable",
+                          error=f"{text} {what}")
 
 
 def _said(error: BaseException) -> str:

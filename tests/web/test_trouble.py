@@ -74,7 +74,7 @@ def test_an_unreachable_broker_is_a_503_naming_it_on_pages_and_actions() -> None
         for what, answer in answers.items():
             assert answer.status_code == 503, (framework, what, answer.status_code)
             text = answer.text
-            assert f"127.0.0.1:{port}" in text and "Check that it is running" in text, what
+            assert f"127.0.0.1:{port}" in text and "is it running, and reachable" in text, what
             assert "s3cret" not in text, what
         assert "ops:***@127.0.0.1" in answers["replay ids"].text or framework == "celery"
         assert "look at the dead letters again" in answers["replay ids"].text

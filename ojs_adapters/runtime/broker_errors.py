@@ -1,12 +1,14 @@
 """A broker's failure as a sentence: which broker (password hidden), what failed, what to check.
 
+The CLI and the console say it the same way.
+
 The core imports no client library, so a failure is read from the names of its type
 and its text: pika, py-amqp, kombu and redis-py spell the same few failures (login
 refused, no such vhost, nothing listening) each their own way.
 
 >>> hide_password("amqp://guest:secret@rabbit:5672/%2F")
 'amqp://guest:***@rabbit:5672/%2F'
->>> said = describe_failure(ConnectionRefusedError(111, "Connection refused"),
+>>> said = broker_failure(ConnectionRefusedError(111, "Connection refused"),
 ...                         "the broker at redis://h:6390/0")
 >>> said.split(": ")[0]
 'cannot connect to the broker at redis://h:6390/0 (Connection refused)'
@@ -49,7 +51,7 @@ def _hide_one(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{name}:***@{host}"))
 
 
-def describe_failure(exc: BaseException, where: str) -> str | None:
+def broker_failure(exc: BaseException, where: str) -> str | None:
     """What went wrong at ``where`` (``"the broker at URL"``) and what to check; ``None``
     when ``exc`` does not look like a broker's failure (a bug: Python's own error types)."""
     names = " ".join(t.__name__ for t in type(exc).__mro__)
