@@ -66,7 +66,7 @@ def celery_side(broker_name: str) -> Iterator[Side]:
         framework = "celery"
 
         def __init__(self) -> None:
-            self.healed, self.attempts = threading.Event(), []
+            self.healed, self.attempts = threading.Event(), list[int]()
             self.workers = ExitStack()
 
             def job(task: Any) -> None:
@@ -119,13 +119,14 @@ def dramatiq_side(broker_name: str, urls: dict[str, str]) -> Iterator[Side]:
     from dramatiq_ext.dlq import dead_letter_queue
     from tests.dramatiq_ext.harness import make_env
 
-    with make_env(broker_name, extra=[CurrentMessage()], **urls) as env:
+    with make_env(broker_name, extra=[CurrentMessage()],
+                  **urls) as env:  # type: ignore[arg-type]
 
         class DramatiqSide:
             framework = "dramatiq"
 
             def __init__(self) -> None:
-                self.healed, self.attempts = threading.Event(), []
+                self.healed, self.attempts = threading.Event(), list[int]()
 
                 def job() -> None:
                     message = CurrentMessage.get_current_message()
