@@ -10,6 +10,7 @@ retry counted, the dead letter rejected once.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -152,3 +153,16 @@ def test_dramatiq_prometheus_reads_as_under_dramatiq_retries(
     assert native[("dramatiq_message_rejects_total", "Q")] == 1
     assert ours == native, {k: (ours[k], native[k]) for k in set(ours) | set(native)
                             if ours[k] != native[k]}
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("middleware", [Prometheus, OjsPrometheus])
+def test_a_worker_with_dramatiqs_prometheus_says_to_use_ojs_prometheus(
+        middleware: type[Prometheus], redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing degrades silently (DESIGN.md): a worker started with Dramatiq's own
+    ``Prometheus`` beside ``OjsRetries`` warns once, naming the replacement."""
+    with caplog.at_level(logging.WARNING, logger="dramatiq_ext"), \
+            make_env("redis", redis_url=redis_url, extra=[middleware()]) as env:
+        env.start()
+    said = [r for r in caplog.records if "OjsPrometheus" in r.getMessage()]
+    assert len(said) == (1 if middleware is Prometheus else 0), said
