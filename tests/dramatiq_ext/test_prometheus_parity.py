@@ -166,3 +166,29 @@ def test_a_worker_with_dramatiqs_prometheus_says_to_use_ojs_prometheus(
         env.start()
     said = [r for r in caplog.records if "OjsPrometheus" in r.getMessage()]
     assert len(said) == (1 if middleware is Prometheus else 0), said
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
+def test_a_delivery_ojs_retries_drops_unrun_is_no_message(
+        kind: str, request: pytest.FixtureRequest) -> None:
+    """A second delivery of a finished attempt (OjsRetries drops it as a duplicate, unrun)
+    leaves in-progress at 0 and counts no message nor error: only the attempt that ran
+    counts (with Dramatiq's Prometheus: in-progress -1, 2 messages, 1 error)."""
+    urls = {"redis_url": request.getfixturevalue("redis_url")}
+    if kind == "rabbitmq":
+        urls["amqp_url"] = request.getfixturevalue("amqp_url")
+    prom = OjsPrometheus()
+    with make_env(kind, extra=[prom], **urls) as env:
+        booted(prom, env.broker)
+        sent = env.actor(lambda: None).send()
+        env.start()
+        env.wait_record(sent.message_id)
+        env.broker.enqueue(sent)  # the same attempt delivered again
+        time.sleep(1.0)  # the duplicate is dropped as it arrives: nothing to wait on
+        env.wait_record(sent.message_id)
+        values = settle(lambda: readings(prom, env.queue),
+                        lambda v: v[("dramatiq_messages_total", "Q")] >= 1)
+    assert values[("dramatiq_messages_inprogress", "Q")] == 0, values
+    assert values[("dramatiq_messages_total", "Q")] == 1, values
+    assert values[("dramatiq_message_errors_total", "Q")] == 0, values
