@@ -57,6 +57,9 @@ class OjsPrometheus(Prometheus):
         super().after_process_boot(broker)  # type: ignore[no-untyped-call]
         add_hook(self._on_decision)
 
+    def after_worker_boot(self, broker: Broker, worker: Any) -> None:
+        add_hook(self._on_decision)  # again for a worker started after one that stopped
+
     def after_worker_shutdown(self, broker: Broker, worker: Any) -> None:
         remove_hook(self._on_decision)
         super().after_worker_shutdown(broker, worker)  # type: ignore[no-untyped-call]
@@ -106,5 +109,6 @@ class OjsPrometheus(Prometheus):
     def _on_decision(self, event: DecisionEvent) -> None:
         """A retry decided on this broker's worker thread: Dramatiq's enqueue to ``.DQ``."""
         if (event.framework == "dramatiq" and event.decision.action == "retry"
-                and getattr(_THREAD, "prometheus", None) is self):
+                and getattr(_THREAD, "prometheus", None) is self
+                and hasattr(self, "total_retried_messages")):  # booted: metrics exist
             self.total_retried_messages.labels(dq_name(q_name(event.queue)), event.task).inc()

@@ -192,3 +192,22 @@ def test_a_delivery_ojs_retries_drops_unrun_is_no_message(
     assert values[("dramatiq_messages_inprogress", "Q")] == 0, values
     assert values[("dramatiq_messages_total", "Q")] == 1, values
     assert values[("dramatiq_message_errors_total", "Q")] == 0, values
+
+
+@pytest.mark.broker
+def test_retries_count_in_a_worker_started_after_another_stopped(redis_url: str) -> None:
+    """A worker started in a process whose earlier worker stopped counts retries too."""
+    prom = OjsPrometheus()
+    with make_env("redis", redis_url=redis_url, extra=[prom]) as env:
+        booted(prom, env.broker)
+        _, flaky = jobs(threading.Event(), lambda: JobError("net.Timeout", "down"))
+        actor = env.actor(flaky, retry_policy=POLICY)
+        env.start().stop(timeout=5000)
+        env.workers.clear()
+        env.start()
+        sent = actor.send()
+        env.wait_record(sent.message_id, done=lambda r: r.state == "completed")
+        values = settle(lambda: readings(prom, env.queue),
+                        lambda v: v[("dramatiq_messages_total", "Q")] >= 2)
+    assert values[("dramatiq_message_retries_total", "Q.DQ")] == 1, values
+    assert values[("dramatiq_message_retries_total", "Q")] == 1, values
