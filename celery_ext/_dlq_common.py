@@ -33,6 +33,7 @@ from ojs_adapters.runtime.dlq import (
     DeadLetter,
     DeadLetterQueueGiven,
     ReplayMark,
+    closed_round,
     last_error,
     originals,
     replay_info,
@@ -148,13 +149,15 @@ def dead_letter_of(*, body: bytes | str, content_type: str, content_encoding: st
 
 
 def replay_headers(headers: Mapping[str, Any], mark: ReplayMark) -> dict[str, Any]:
-    """The headers of a replayed copy: attempt 1, full history, Celery retries reset, mark set."""
+    """The headers of a replayed copy: attempt 1, full history (its dead round stamped),
+    Celery retries reset, mark set."""
     raw = headers.get(DEAD_LETTER_HEADER)
     record = JobRecord.from_dict(json.loads(raw)) if raw else None
     state = HeaderState.from_headers(headers)
     key = state.idempotency_key or (record.extra.get("idempotency_key") if record else None)
-    fresh = HeaderState(attempt=1, errors=record.errors if record else state.errors,
-                        policy=state.policy, idempotency_key=key)  # R-6: the same key
+    errors = closed_round(record.errors if record else state.errors, mark.replay_count - 1)
+    fresh = HeaderState(attempt=1, errors=errors, policy=state.policy,
+                        idempotency_key=key)  # R-6: the same key
     out = {k: v for k, v in headers.items() if k not in _DROPPED_HEADERS}
     # ``expires`` goes with ``eta``: a job replayed after it would be revoked unrun.
     out.update({HEADER: fresh.encode(), REPLAY_HEADER: json.dumps(mark.to_dict()),

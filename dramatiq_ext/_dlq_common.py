@@ -21,20 +21,20 @@ from dramatiq_ext._state import STATE_OPTION, MessageState
 from dramatiq_ext.middleware import OjsRetries
 from dramatiq_ext.stores import MemoryRecordStore, RecordStore, default_store
 from ojs_adapters import JobRecord, OjsValidationError
-from ojs_adapters.runtime.dlq import DeadLetter, ReplayMark, last_error, replayed_record
-from ojs_adapters.runtime.handoff import HANDED_OFF, HEADER_NAMES
+from ojs_adapters.runtime.dlq import (
+    DeadLetter,
+    ReplayMark,
+    closed_round,
+    last_error,
+    replayed_record,
+)
+from ojs_adapters.runtime.handoff import HEADER_NAMES
 
 #: Options that belong to one hop through a broker (and the hand-off's: the last
 #: failure's ``x-ojs-*``, the copy's token, the dead letter's error for ``Results``),
 #: dropped from a replayed copy.
 _HOP_OPTIONS = frozenset({"eta", "redis_message_id", TOKEN_OPTION, FAILURE_OPTION,
                           *HEADER_NAMES})
-#: Record keys of the dead round that a replay drops: the dead letter's hand-off mark, the
-#: end reason.
-_ROUND_MARKS = frozenset({HANDED_OFF, "end_reason"})
-#: Record keys of the dead round's retry delays, which a replay empties (a new round numbers
-#: its retries from 1 again).
-_ROUND_DELAYS = ("countdowns", "delays_ms")
 
 
 def dead_letter_of(message: Message[Any], *, key: str,
@@ -79,9 +79,11 @@ def undecodable_letter(raw: bytes, *, queue: str, key: str, at: datetime | None)
 
 
 def replay_message(message: Message[Any], mark: ReplayMark) -> Message[Any]:
-    """The copy of a dead message that a replay sends: attempt 1, history kept, mark set."""
+    """The copy of a dead message that a replay sends: attempt 1, history kept (its dead
+    round stamped), mark set."""
     state = MessageState.of(message.options)
-    fresh = MessageState(1, state.errors, replay_count=mark.replay_count,
+    fresh = MessageState(1, closed_round(state.errors, mark.replay_count - 1),
+                         replay_count=mark.replay_count,
                          last_replayed_at=mark.replayed_at)
     options = {k: v for k, v in message.options.items() if k not in _HOP_OPTIONS}
     options[STATE_OPTION] = fresh.to_option()
@@ -118,17 +120,7 @@ class JobRecords:
         record = JobRecord.from_dict(data) if data else JobRecord(
             id=letter.id, type=letter.task_type, queue=letter.queue,
             max_attempts=letter.attempt, attempt=letter.attempt, errors=letter.history)
-        self.store.save(letter.id, replayed_record(_new_round(record), mark).to_dict())
-
-
-def _new_round(record: JobRecord) -> JobRecord:
-    """``record`` without what its last round left (``_ROUND_MARKS``, ``_ROUND_DELAYS``), as
-    Celery's replayed attempt builds its record from fresh headers: the stored record is what
-    the replayed attempt starts from (``OjsRetries`` writes a first attempt's own record only
-    where there is none)."""
-    extra = {k: v for k, v in record.extra.items() if k not in _ROUND_MARKS}
-    extra.update({k: [] for k in _ROUND_DELAYS if k in extra})
-    return dataclasses.replace(record, extra=extra)
+        self.store.save(letter.id, replayed_record(record, mark).to_dict())
 
 
 def _fallback_time(message: Message[Any], state: MessageState) -> datetime:

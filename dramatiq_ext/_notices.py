@@ -1,7 +1,7 @@
 """What ``OjsRetries`` says once, at declaration or worker start, when a setup changes behaviour.
 
 DESIGN.md "Nothing degrades silently": a guarantee the setup turns off is logged
-once, naming what is off and the fix, never per message. Two notices live here:
+once, naming what is off and the fix, never per message. Three notices live here:
 
 - ``replaced_retries``: OjsRetries takes the slot of Dramatiq's ``Retries``. With
   Dramatiq's default ``Retries()`` (in every broker built with the defaults) that is
@@ -10,6 +10,8 @@ once, naming what is off and the fix, never per message. Two notices live here:
 - ``check_store``: at worker start, a record store that keeps records in this process
   only (no ``Results`` and no Redis on a ``RabbitmqBroker``, an in-process results
   backend), or keeps no claims or leases (a ``Results`` backend other than Redis).
+- ``check_prometheus``: at worker start, Dramatiq's own ``Prometheus`` middleware, which
+  miscounts beside ``OjsRetries`` (``dramatiq_ext.prometheus``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,18 @@ def check_store(broker: Broker, store: Any, logger: logging.Logger) -> None:
     if gaps:
         logger.warning("OjsRetries on %s with %s: %s. To keep them, %s.",
                        type(broker).__name__, _describe(store), "; ".join(gaps), _STORE_FIX)
+
+
+def check_prometheus(broker: Broker, logger: logging.Logger) -> None:
+    """Warn, as a worker starts, that Dramatiq's ``Prometheus`` (not a subclass) miscounts
+    beside ``OjsRetries``, naming the replacement. Checked by name: importing Dramatiq's
+    module creates its metrics directory."""
+    if any(type(m).__name__ == "Prometheus"
+           and type(m).__module__ == "dramatiq.middleware.prometheus" for m in broker.middleware):
+        logger.warning(
+            "Dramatiq's Prometheus middleware miscounts beside OjsRetries (in-progress below "
+            "0 after dead letters, the dead-letter hop counted as a message, no retries "
+            "counted): add dramatiq_ext.prometheus.OjsPrometheus() instead; same metrics.")
 
 
 def store_gaps(broker: Broker, store: Any) -> list[str]:

@@ -23,7 +23,7 @@ from dramatiq.middleware import Middleware, Retries
 
 from dramatiq_ext._callbacks import quiet_unrun
 from dramatiq_ext._handoff import Publisher, is_redis
-from dramatiq_ext._notices import check_store, replaced_retries
+from dramatiq_ext._notices import check_prometheus, check_store, replaced_retries
 from dramatiq_ext._options import (
     BUDGET_OPTION,
     POLICY_OPTION,
@@ -166,6 +166,7 @@ class RetriesSettings(Middleware):
         recover_delays(broker)  # Redis: retries held in memory come back after a lost link
         guard_acks(broker)  # RabbitMQ: a late ack on a new channel would ack another message
         check_store(broker, self.store_for(broker), self.logger)  # warns of per-process records
+        check_prometheus(broker, self.logger)  # Dramatiq's own miscounts: OjsPrometheus
 
     def after_worker_boot(self, broker: Broker, worker: Any) -> None:
         # The mover takes parked retries to .DQ when they are due; it runs with parking off

@@ -162,6 +162,7 @@ def decide(
         iso_utc(now) if now is not None else iso_from_epoch(time.time()),
         handler,
         safe_details(failure.details) if failure.details else None,
+        None,  # replay_round: a replay stamps it when it closes the round
     ))
     if action is not None:
         return _new(Decision, (action, reason, attempt, entry, None, None, matched))

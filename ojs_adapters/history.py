@@ -1,8 +1,8 @@
 """Error history entries and the job record (ojs-retry.md section 10; ojs-errors.md section 6).
 
 Entries carry ``attempt``, ``code``, ``type``, ``message`` and ``occurred_at``
-(ERR-012), plus ``handler_code`` and ``details`` when present; ``timestamp``
-repeats ``occurred_at`` for readers of ojs-retry section 10.1. A record keeps
+(ERR-012), plus ``handler_code``, ``details`` and ``replay_round`` when present;
+``timestamp`` repeats ``occurred_at`` for readers of ojs-retry section 10.1. A record keeps
 at least the 10 newest entries (RET-15, ERR-011).
 
 >>> entry = ErrorEntry(attempt=1, code="HANDLER_ERROR", type="ValueError", message="bad",
@@ -114,7 +114,13 @@ def safe_details(details: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 class ErrorEntry(NamedTuple):
-    """One failed attempt in a job's error history (immutable; a NamedTuple for speed)."""
+    """One failed attempt in a job's error history (immutable; a NamedTuple for speed).
+
+    ``replay_round``: the round of a replayed job the attempt ran in (0: before the first
+    replay), stamped when a dead-letter replay closes that round; ``None`` on the entries
+    of the round still running (the job's ``replay_count`` is theirs). Attempt numbers
+    start again at 1 in each round.
+    """
 
     attempt: int
     code: str
@@ -123,6 +129,7 @@ class ErrorEntry(NamedTuple):
     occurred_at: str
     handler_code: str | None = None
     details: Mapping[str, Any] | None = None
+    replay_round: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON: the ERR-012 fields, ``timestamp``, and the optional ones present."""
@@ -138,6 +145,8 @@ class ErrorEntry(NamedTuple):
             out["handler_code"] = self.handler_code
         if self.details:
             out["details"] = dict(self.details)
+        if self.replay_round is not None:
+            out["replay_round"] = self.replay_round
         return out
 
     @classmethod
@@ -153,7 +162,13 @@ class ErrorEntry(NamedTuple):
             occurred_at=_name(data.get("occurred_at") or data.get("timestamp") or ""),
             handler_code=_name(handler_code) if handler_code else None,
             details=safe_details(details) if isinstance(details, Mapping) else None,
+            replay_round=_round(data.get("replay_round")),
         )
+
+
+def _round(value: Any) -> int | None:
+    """A readable ``replay_round`` (an int, not a bool, 0..``MAX_ATTEMPT``), else ``None``."""
+    return value if type(value) is int and 0 <= value <= MAX_ATTEMPT else None
 
 
 def _name(value: Any) -> str:

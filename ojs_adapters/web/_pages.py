@@ -179,17 +179,25 @@ def metrics(request: Request) -> Response:
 
 
 def timeline(record: JobRecord) -> list[dict[str, Any]]:
-    """One row per failed attempt: the entry, the countdown asked after it, the gap observed
-    to the next failure (that countdown plus the next attempt's run time)."""
+    """One row per failed attempt: the entry, the round it ran in (``new_round`` where a
+    dead-letter replay started one, its attempts counted from 1 again), the countdown
+    asked after it, the gap observed to the next failure of its round (that countdown
+    plus the next attempt's run time). Countdowns are the current round's only."""
     countdowns = list(record.extra.get("countdowns") or [])
+    current = record.extra.get("replay_count")
+    current = current if isinstance(current, int) and current > 0 else 0
+    rounds = [current if e.replay_round is None else e.replay_round for e in record.errors]
     rows = []
     for i, entry in enumerate(record.errors):
-        asked = countdowns[entry.attempt - 1] if 0 < entry.attempt <= len(countdowns) else None
+        asked = None
+        if rounds[i] == current and 0 < entry.attempt <= len(countdowns):
+            asked = countdowns[entry.attempt - 1]
         gap = None
-        if i + 1 < len(record.errors):
+        if i + 1 < len(record.errors) and rounds[i + 1] == rounds[i]:
             gap = (_parse(record.errors[i + 1].occurred_at) -
                    _parse(entry.occurred_at)).total_seconds()
-        rows.append({"entry": entry, "asked": asked, "gap": gap})
+        rows.append({"entry": entry, "asked": asked, "gap": gap, "round": rounds[i],
+                     "new_round": i > 0 and rounds[i] != rounds[i - 1]})
     return rows
 
 

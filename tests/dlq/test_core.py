@@ -95,16 +95,22 @@ def test_replay_marks_each_job_and_is_idempotent_by_id(store: MemoryDeadLetterSt
 
 
 def test_replayed_record_resets_the_attempt_and_keeps_the_history() -> None:
+    """A replay starts a new round: attempt 0, the history kept with the closed round's
+    entries marked, the round's countdowns emptied (the new round numbers its retries
+    from 1), RET-14/RET-15."""
     entry = ErrorEntry(attempt=3, code="HANDLER_ERROR", type="E", message="m",
                        occurred_at="2026-01-01T00:00:00.000Z")
     record = JobRecord(id="j", type="t", queue="q", max_attempts=3, state="discarded",
                        attempt=3, errors=(entry,), dead_lettered=True, outcome="dead_letter",
-                       extra={"countdowns": [1.0]})
+                       extra={"countdowns": [1.0], "end_reason": "exhausted"})
     again = replayed_record(record, ReplayMark(2, "2026-02-01T00:00:00.000Z"))
     assert (again.state, again.attempt, again.errors, again.dead_lettered) == (
-        "retryable", 0, (entry,), False)
-    assert again.to_dict()["replay_count"] == 2 and again.extra["countdowns"] == [1.0]
+        "retryable", 0, (entry._replace(replay_round=1),), False)
+    assert again.to_dict()["replay_count"] == 2 and again.extra["countdowns"] == []
     assert again.to_dict()["last_replayed_at"] == "2026-02-01T00:00:00.000Z"
+    assert "end_reason" not in again.extra
+    assert again.to_dict()["errors"][0]["replay_round"] == 1
+    assert ErrorEntry.from_dict(again.to_dict()["errors"][0]).replay_round == 1
 
 
 def test_delete_needs_a_selection_and_purge_takes_all(store: MemoryDeadLetterStore) -> None:

@@ -23,6 +23,7 @@ from fnmatch import fnmatchcase
 from typing import Any, NamedTuple
 
 from ojs_adapters.history import ErrorEntry, JobRecord, iso_utc
+from ojs_adapters.runtime.handoff import HANDED_OFF
 
 #: Message header carrying a replayed job's ``ReplayMark.to_dict()`` as JSON, on brokers
 #: whose messages have headers (Celery's; Dramatiq's mark rides in ``options["ojs"]``).
@@ -175,15 +176,46 @@ def replay_info(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+#: Record keys of a dead round that a replay drops: the dead letter's hand-off mark, the
+#: end reason, where the dead letter went.
+ROUND_MARKS = frozenset({HANDED_OFF, "end_reason", "dead_letter_queue"})
+#: Record keys of a round's retry delays, which a replay empties: a new round numbers its
+#: retries from 1 again.
+ROUND_DELAYS = ("countdowns", "delays_ms", "jitter_samples")
+
+
+def closed_round(errors: tuple[ErrorEntry, ...], replay_round: int) -> tuple[ErrorEntry, ...]:
+    """``errors`` with the entries of the round a replay closes stamped ``replay_round``
+    (those not stamped yet; earlier rounds' keep theirs), so that the history shows where
+    each round starts though every round counts its attempts from 1.
+
+    >>> e = ErrorEntry(1, "HANDLER_ERROR", "E", "m", "2026-01-01T00:00:00.000Z")
+    >>> [x.replay_round for x in closed_round((e._replace(replay_round=0), e), 1)]
+    [0, 1]
+    """
+    return tuple(e if e.replay_round is not None else e._replace(replay_round=replay_round)
+                 for e in errors)
+
+
 def replayed_record(record: JobRecord, mark: ReplayMark) -> JobRecord:
-    """The job record of a job sent again by a replay: waiting, no attempt yet, history kept.
+    """The job record of a job sent again by a replay: a new round, waiting, no attempt yet.
+
+    The history is kept, its dead round's entries stamped (``closed_round``); what the
+    dead round left besides (``ROUND_MARKS``, ``ROUND_DELAYS``) goes, so the record reads
+    as the new round's from the replay on, on both frameworks.
 
     >>> rec = JobRecord(id="m1", type="send", queue="q", max_attempts=3, state="discarded",
-    ...                 attempt=3, dead_lettered=True, outcome="dead_letter")
+    ...                 attempt=3, dead_lettered=True, outcome="dead_letter",
+    ...                 extra={"end_reason": "exhausted", "countdowns": [1.0, 2.0]})
     >>> new = replayed_record(rec, ReplayMark(1, "2026-01-02T00:00:00.000Z"))
     >>> (new.state, new.attempt, new.dead_lettered, new.outcome, new.extra["replay_count"])
     ('retryable', 0, False, None, 1)
+    >>> "end_reason" in new.extra, new.extra["countdowns"]
+    (False, [])
     """
+    extra = {k: v for k, v in record.extra.items() if k not in ROUND_MARKS}
+    extra.update({k: [] for k in ROUND_DELAYS if k in extra})
     return replace(record, state="retryable", attempt=0, next_retry_at=mark.replayed_at,
+                   errors=closed_round(record.errors, mark.replay_count - 1),
                    dead_lettered=False, outcome=None, updated_at=mark.replayed_at,
-                   extra={**record.extra, **mark.to_dict()})
+                   extra={**extra, **mark.to_dict()})
