@@ -156,16 +156,16 @@ def _scenario(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
     class _Task:  # Task.retry publishing one retry twice (as when an ack is lost), once
         @staticmethod
-        def retry(task: Any, **options: Any) -> Any:
+        def retry(task: Any, *call: Any, **options: Any) -> Any:  # call: args, kwargs
             with lock:
                 twice = not duplicated and proxy.up and armed.is_set()
                 if twice:
                     duplicated.append(task.request.id)
             if twice:
                 with suppress(Retry):
-                    real_retry(task, **options)
+                    real_retry(task, *call, **options)
                 options["headers"] = {**options["headers"], "ojs-token": "the-duplicate"}
-            return real_retry(task, **options)
+            return real_retry(task, *call, **options)
 
     monkeypatch.setattr(retry_send_module, "confirming_connection",
                         cutting("retry", retry_send_module.confirming_connection))
