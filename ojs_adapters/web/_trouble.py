@@ -35,7 +35,7 @@ def broker_named(settings: ConsoleSettings) -> str:
 def whole_number(value: str, field: str) -> int:
     """``value`` as a whole number from 0; ``BadInput`` naming ``field`` otherwise."""
     text = value.strip()
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise BadInput(f"{field} must be a whole number from 0, not {value!r}")
     return int(text)
 
@@ -49,21 +49,28 @@ def trouble(console: Console, request: Request, error: Exception, *,
     """The page for ``error``, raised while reading (``acting=False``) or changing the broker."""
     if isinstance(error, OjsError):  # the library refused: nothing was done
         logger.warning("console %s refused: %s", request.url.path, error)
-        return console.render(
-            request, "error.html", 409, title="Not done",
-            error=f"Nothing was changed: {error.message}. The same options work for "
-                  "'ojs-retry web'; restart the console with them.")
+        advice = (" The same options work for 'ojs-retry web'; restart the console with them."
+                  if acting else "")
+        return console.render(request, "error.html", 409, title="Not done",
+                              error=f"Nothing was changed: {error.message}.{advice}")
     logger.exception("console %s failed", request.url.path)
-    what = ("Some of the selection may have been done (each letter is either still dead or "
-            "queued once): look at the dead letters again before retrying."
-            if acting else "Nothing was changed.")
     broker = broker_named(console.settings)
     said = broker_failure(error, broker)  # the CLI's sentence: what failed, what to check
-    text = (said[0].upper() + said[1:] + ("" if said.endswith("?") else ".") if said else
-            f"Could not read or change {broker} ({_said(error)}). Check that it is running "
-            "and reachable from this host, and the credentials it is given.")
+    if said is None:  # Python's own error types: a bug of the console's, not the broker's
+        return console.render(
+            request, "error.html", 500, title="Internal error",
+            error=f"The console failed ({_said(error)}): this is a bug, please report it "
+                  "with the log above. " + _done(acting))
+    text = said[0].upper() + said[1:] + ("" if said.endswith("?") else ".")
     return console.render(request, "error.html", 503, title="Broker unavailable",
-                          error=f"{text} {what}")
+                          error=f"{text} {_done(acting)}")
+
+
+def _done(acting: bool) -> str:
+    """What the operator should assume was done, given the failure came while ``acting``."""
+    return ("Some of the selection may have been done (each letter is either still dead or "
+            "queued once): look at the dead letters again before retrying."
+            if acting else "Nothing was changed.")
 
 
 def _said(error: BaseException) -> str:
