@@ -161,14 +161,18 @@ def _url_of(store: DeadLetterStore) -> str | None:
     if parameters is not None:
         first = parameters[0] if isinstance(parameters, list) else parameters
         user = getattr(first.credentials, "username", "")
-        return f"amqp://{user}@{first.host}:{first.port}/{quote(first.virtual_host, safe='')}"
+        scheme = "amqps" if getattr(first, "ssl_options", None) else "amqp"
+        return f"{scheme}://{user}@{first.host}:{first.port}/" \
+               f"{quote(first.virtual_host, safe='')}"
     client = getattr(broker, "client", None)  # Redis
     if client is None:
         return None
     kwargs = client.connection_pool.connection_kwargs
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
-    return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/" \
+    scheme = "rediss" if "ssl" in client.connection_pool.connection_class.__name__.lower() \
+        else "redis"
+    return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/" \
            f"{kwargs.get('db', 0)}"
 
 

@@ -105,3 +105,23 @@ def test_a_bug_is_said_to_be_one_not_a_broker_s_failure(monkeypatch: pytest.Monk
     result = CliRunner().invoke(main, ["dlq", "list", "--framework", "memory"])
     assert result.exit_code == 70  # EXIT_INTERNAL, as the other verbs exit for a bug
     assert "internal error in ojs-retry: KeyError: 'headers' (please report it)" in result.output
+
+
+def test_a_dramatiq_broker_over_tls_is_named_with_its_tls_scheme() -> None:
+    """A broker built by the app (``--app``) is named from its client's parameters: over TLS
+    that is ``amqps://`` or ``rediss://``, never the plain scheme of another port."""
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+    from dramatiq.brokers.redis import RedisBroker
+
+    from dramatiq_ext.dlq import _url_of
+
+    class Store:
+        broker: Any = None
+
+    store = Store()
+    for url, said in (("rediss://:pw@mq.example.com:6380/2", "rediss://mq.example.com:6380/2"),
+                      ("redis://mq.example.com:6379/0", "redis://mq.example.com:6379/0")):
+        store.broker = RedisBroker(url=url)  # builds its client, connects on first use
+        assert _url_of(store) == said  # type: ignore[arg-type]
+    store.broker = RabbitmqBroker(url="amqps://ops:pw@mq.example.com:5671/%2F")
+    assert _url_of(store) == "amqps://ops@mq.example.com:5671/%2F"  # type: ignore[arg-type]
