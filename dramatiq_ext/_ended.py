@@ -52,7 +52,13 @@ _NAMED: dict[tuple[str, type[Exception]], type[Exception]] = {}
 
 
 def named(name: str, base: type[Exception]) -> type[Exception]:
-    """A subclass of ``base`` whose ``__name__`` is ``name`` (``Results`` stores it)."""
+    r"""A subclass of ``base`` whose ``__name__`` is ``name`` (``Results`` stores it); a name
+    read from a message may hold what ``type()`` refuses (a NUL), which is dropped.
+
+    >>> named("Fa\x00tal", Exception).__name__
+    'Fatal'
+    """
+    name = name.replace("\x00", "") or base.__name__
     klass = _NAMED.get((name, base))
     if klass is None:
         klass = type(name, (base,), {"__qualname__": f"{base.__qualname__}[{name}]",
