@@ -4,8 +4,9 @@ DESIGN.md "Native parity": an actor stating Dramatiq retry options keeps Dramati
 outcome, schedule included, for what it leaves out: the replaced ``Retries``' settings
 (Dramatiq's stock ones, or those a user gave it), translated exactly as
 ``ojs-retry migrate --from dramatiq`` does. A customised ``Retries`` is the native
-outcome of every actor, as it was before ``OjsRetries`` replaced it. Real workers on
-Redis and RabbitMQ; the notices on a ``StubBroker``.
+outcome of every actor, as it was before ``OjsRetries`` replaced it. A ``raise Retry``
+that an actor's ``throws`` covers is not retried, as natively. Real workers on Redis and
+RabbitMQ; the notices on a ``StubBroker``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
+from dramatiq.errors import Retry
 from dramatiq.middleware import Retries
 
 from dramatiq_ext import OjsRetries
@@ -151,3 +153,35 @@ def test_replacing_retries_says_what_carries_over_once(
     [said] = [r for r in caplog.records if "replaced" in r.getMessage()]
     assert said.levelno == level
     assert all(word in said.getMessage() for word in words), said.getMessage()
+
+
+def _retrying(calls: list[int]) -> Any:
+    def retry_always() -> None:
+        calls.append(1)
+        raise Retry(delay=10)
+
+    return retry_always
+
+
+@pytest.mark.parametrize("kind", REAL_BROKERS)
+def test_a_retry_that_throws_covers_is_not_retried_as_natively(
+        request: pytest.FixtureRequest, kind: str) -> None:
+    """Natively, ``raise Retry(...)`` in an actor with ``throws=(Exception,)`` is ``fail()``\\ ed
+    to .XQ at once (Retry is an Exception); under ``OjsRetries`` too."""
+    native_calls: list[int] = []
+    with env_with(request, kind) as native:  # Dramatiq's own Retries, the control
+        actor = native.actor(_retrying(native_calls), throws=(Exception,))
+        native.start()
+        actor.send()
+        native.dead_letters(expect=1, timeout=15)
+    calls: list[int] = []
+    with make_env(kind, **_urls(request, kind)) as env:  # type: ignore[arg-type]
+        actor = env.actor(_retrying(calls), throws=(Exception,))
+        env.start()
+        message = actor.send()
+        record = env.wait_record(message.message_id)
+        [dead] = env.dead_letters(expect=1)
+    assert len(native_calls) == 1
+    assert (len(calls), record.outcome, dead.message_id) == (1, "dead_letter", message.message_id)
+    assert [(e.type, e.code) for e in record.errors] == [
+        ("dramatiq.errors.Retry", "NON_RETRYABLE_ERROR")]
