@@ -2,8 +2,9 @@
 
 ``OjsRetries`` takes the place of Dramatiq's ``Retries``: the first time it sees the
 broker (an actor declared, a message sent, a worker booted) it puts itself in
-``Retries``' slot of ``broker.middleware`` and a no-op in its own (logged at DEBUG; a
-WARNING if that ``Retries`` had settings of its own, ``_notices``). The slot matters:
+``Retries``' slot of ``broker.middleware`` and a no-op in its own (logged at DEBUG); the
+settings of a ``Retries`` the user configured become every actor's native defaults
+(``_native``; an INFO line, a WARNING for what cannot carry over, ``_notices``). The slot matters:
 ``after_*`` hooks run in reverse order, so there its ``after_process_message`` runs
 before ``Results``, ``Callbacks`` and the rest, which then see the decided job record.
 The list keeps its length, so a swap during a hook's loop neither skips nor repeats one.
