@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from dramatiq.broker import Broker, MessageProxy
 from dramatiq.errors import Retry
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from ojs_adapters.failure import RETRY_REQUESTED_TYPE, Failure, describe_failure, requested_retry
 
 
-def failure_of(exception: BaseException) -> Failure:
-    """What ``decide`` needs to know about an exception a Dramatiq actor raised."""
+def failure_of(exception: BaseException, throws: Any = None) -> Failure:
+    """What ``decide`` needs to know about an exception a Dramatiq actor raised.
+
+    ``throws``: the actor's Dramatiq ``throws``. A ``Retry`` that is an instance of one
+    of them is, as natively, not retried: an error like any other, matched against
+    ``non_retryable_errors`` (where ``throws`` put its names).
+    """
     if isinstance(exception, TimeLimitExceeded):
         return describe_failure(exception, catalog_code="HANDLER_TIMEOUT")
-    if isinstance(exception, Retry):
+    if isinstance(exception, Retry) and not (throws and isinstance(exception, throws)):
         return handler_retry(exception)
     return describe_failure(exception)
+
+
+def throws_of(broker: Broker, message: MessageProxy) -> Any:
+    """The ``throws`` of ``message``'s actor (a message cannot state its own: ``_options``)."""
+    return broker.get_actor(message.actor_name).options.get("throws")
 
 
 def handler_retry(exception: Retry) -> Failure:
@@ -25,7 +38,8 @@ def handler_retry(exception: Retry) -> Failure:
     ``Retry``'s message if it has one (as a bare ``self.retry()``); its delay
     (ms) is a floor on the policy's (``requested_retry``). It is never matched against
     ``non_retryable_errors`` (no ``names``): natively Dramatiq retries a ``Retry`` whatever
-    ``throws`` lists, and a retry the handler asked for is not an error to stop on.
+    ``throws`` lists unless ``Retry`` is an instance of one (``failure_of``), and a retry
+    the handler asked for is not an error to stop on.
     """
     cause = exception.__cause__
     if cause is None and not exception.__suppress_context__:

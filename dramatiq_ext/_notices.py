@@ -5,8 +5,10 @@ once, naming what is off and the fix, never per message. Three notices live here
 
 - ``replaced_retries``: OjsRetries takes the slot of Dramatiq's ``Retries``. With
   Dramatiq's default ``Retries()`` (in every broker built with the defaults) that is
-  what adding ``OjsRetries`` means, so it is a DEBUG line; a ``Retries`` the user
-  configured loses its settings, so that is a WARNING naming them.
+  what adding ``OjsRetries`` means, so it is a DEBUG line; the settings of a ``Retries``
+  the user configured carry over as every actor's native defaults (an INFO line naming
+  them); what cannot (``retry_when``, a subclass's code, ``max_retries=None``) is a
+  WARNING naming the fix.
 - ``check_store``: at worker start, a record store that keeps records in this process
   only (no ``Results`` and no Redis on a ``RabbitmqBroker``, an in-process results
   backend), or keeps no claims or leases (a ``Results`` backend other than Redis).
@@ -22,12 +24,10 @@ from typing import Any
 
 from dramatiq.broker import Broker
 from dramatiq.brokers.stub import StubBroker
-from dramatiq.middleware import Retries
 
+from dramatiq_ext._native import NativeDefaults
 from dramatiq_ext.stores import MemoryRecordStore, ResultsRecordStore
 
-#: The ``Retries`` settings that differ from Dramatiq's defaults when a user configured them.
-_RETRIES_SETTINGS = ("max_retries", "min_backoff", "max_backoff", "retry_when")
 #: The fix named by every store notice.
 _STORE_FIX = ("give OjsRetries(store=RedisRecordStore(url=...)), or add Dramatiq's Results "
               "middleware with a RedisBackend")
@@ -35,21 +35,28 @@ _STORE_FIX = ("give OjsRetries(store=RedisRecordStore(url=...)), or add Dramatiq
 _CHECKED: weakref.WeakSet[Broker] = weakref.WeakSet()
 
 
-def replaced_retries(retries: Retries) -> tuple[int, str]:
-    """The level and text of the notice that ``OjsRetries`` took ``retries``' slot.
+def replaced_retries(native: NativeDefaults, lost: list[str]) -> tuple[int, str]:
+    """The level and text of the notice that ``OjsRetries`` took a ``Retries``' slot, given
+    the settings it carries over (``_native.defaults_of``) and what it cannot.
 
-    >>> replaced_retries(Retries())[0] == logging.DEBUG
+    >>> from dramatiq.middleware import Retries
+    >>> from dramatiq_ext._native import defaults_of
+    >>> replaced_retries(*defaults_of(Retries()))[0] == logging.DEBUG
     True
-    >>> replaced_retries(Retries(max_retries=5))[0] == logging.WARNING
+    >>> replaced_retries(*defaults_of(Retries(max_retries=5)))[0] == logging.INFO
+    True
+    >>> replaced_retries(*defaults_of(Retries(retry_when=bool)))[0] == logging.WARNING
     True
     """
-    custom = _custom_settings(retries)
-    if not custom:
+    if not native.custom:
         return logging.DEBUG, "one retry engine at a time (it had Dramatiq's defaults)."
-    return logging.WARNING, (
-        f"its settings ({', '.join(custom)}) no longer apply: OJS policies decide every "
-        "retry. State them as OjsRetries(default_policy={...}) (`ojs-retry migrate --from "
-        "dramatiq` translates them), and build the broker without Retries.")
+    kept = (f"its max_retries={native.max_retries}, min_backoff={native.min_backoff}, "
+            f"max_backoff={native.max_backoff} are kept as every actor's native defaults, "
+            "translated as `ojs-retry migrate --from dramatiq` does (an actor's own options, "
+            "its retry_policy and the fields OjsRetries(default_policy=...) states win)")
+    if not lost:
+        return logging.INFO, kept + "."
+    return logging.WARNING, f"{kept}; but {'; '.join(lost)}."
 
 
 def check_store(broker: Broker, store: Any, logger: logging.Logger) -> None:
@@ -99,14 +106,6 @@ def store_gaps(broker: Broker, store: Any) -> list[str]:
         gaps.append("leases are off (a second delivery of a running attempt is taken for "
                     "a crashed worker)")
     return gaps
-
-
-def _custom_settings(retries: Retries) -> list[str]:
-    if type(retries) is not Retries:
-        return [f"a subclass, {type(retries).__qualname__}"]
-    defaults = Retries()
-    return [f"{name}={getattr(retries, name)!r}" for name in _RETRIES_SETTINGS
-            if getattr(retries, name) != getattr(defaults, name)]
 
 
 def _in_process(store: Any) -> bool:

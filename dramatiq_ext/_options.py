@@ -3,8 +3,9 @@
 Three partial policies merge (RET-10): the message option ``retry_policy`` over the actor
 option ``retry_policy`` over the middleware's ``default_policy``. Dramatiq's ``Retries``
 options on an actor (``max_retries``, ``min_backoff``, ``max_backoff``, ``throws``) are
-translated into the policy and keep their native outcome; ``retry_when`` and
-``on_retry_exhausted`` are refused. The rules: docs/getting-started/dramatiq-redis.md.
+translated into the policy as ``ojs-retry migrate --from dramatiq`` does (``_native``) and
+keep their native outcome; ``retry_when`` and ``on_retry_exhausted`` are refused.
+The rules: docs/getting-started/dramatiq-redis.md.
 Errors are ``InvalidRetryPolicy``, also a Dramatiq ``MiddlewareError``: ``emit_before``
 logs and swallows any other exception a hook raises, and this one must reach the caller.
 """
@@ -12,13 +13,12 @@ logs and swallows any other exception a hook raises, and this one must reach the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Any
 
 from dramatiq.middleware import MiddlewareError
 
+from dramatiq_ext._native import NATIVE_FIELDS, STOCK, NativeDefaults, native_policy_fields
 from ojs_adapters import OjsValidationError, RetryPolicy
-from ojs_adapters.durations import format_duration
 from ojs_adapters.failure import error_type_of
 from ojs_adapters.keys import check_idempotency_key, new_idempotency_key
 from ojs_adapters.runtime.budget import check_dependency
@@ -33,8 +33,6 @@ KEY_OPTION = "idempotency_key"
 TRANSLATED_OPTIONS = frozenset({"max_retries", "min_backoff", "max_backoff", "throws"})
 #: What native Dramatiq does with a message it stops retrying (``message.fail()``: ``.XQ``).
 NATIVE_EXHAUSTION = "dead_letter"
-#: Dramatiq's default ``max_retries`` (``Retries``), kept by an actor stating other options.
-NATIVE_MAX_RETRIES = 20
 #: Dramatiq ``Retries`` options with no OJS meaning, and what to use instead.
 REJECTED_OPTIONS: Mapping[str, str] = {
     "retry_when": "a predicate cannot be expressed as an OJS policy; raise "
@@ -74,12 +72,16 @@ def policy_option(value: Any, *, base: RetryPolicy, where: str) -> RetryPolicy:
 
 
 def actor_policy(options: Mapping[str, Any], default: RetryPolicy, *, actor: str,
-                 default_stated: Mapping[str, Any] | None = None) -> RetryPolicy:
+                 default_stated: Mapping[str, Any] | None = None,
+                 native: NativeDefaults = STOCK) -> RetryPolicy:
     """The policy an actor's options give, over ``default``; raises ``InvalidRetryPolicy``.
 
-    An actor stating a Dramatiq retry option keeps Dramatiq's meaning for what it leaves
-    out (DESIGN.md "Native parity"): 20 retries, then ``.XQ``. ``default_stated``: the
-    fields the middleware's ``default_policy`` states; like the actor's own, they win.
+    An actor stating a Dramatiq retry option keeps Dramatiq's outcome for what it leaves
+    out (DESIGN.md "Native parity"): ``native``'s settings (the replaced ``Retries``'),
+    translated as ``ojs-retry migrate --from dramatiq`` does (``_native``). With
+    customised ``native`` settings every actor gets them, as natively. Precedence: the
+    actor's ``retry_policy``, its native options, the fields ``default_stated`` (the
+    middleware's ``default_policy``) states, ``native``'s settings, the OJS defaults.
     """
     for name, hint in REJECTED_OPTIONS.items():
         if name in options:
@@ -90,13 +92,19 @@ def actor_policy(options: Mapping[str, Any], default: RetryPolicy, *, actor: str
     if given is not None and not isinstance(given, Mapping):
         return policy_option(given, base=default, where=f"actor {actor!r}")  # raises
     own: Mapping[str, Any] = given or {}
-    merged = {**own, **_translate(options, own, actor=actor)}
-    if native_options(options):
-        stated = {*own, *(default_stated or {})}
-        if "max_retries" not in options and "max_attempts" not in stated:
-            merged["max_attempts"] = NATIVE_MAX_RETRIES + 1
-        if "on_exhaustion" not in stated:
-            merged["on_exhaustion"] = NATIVE_EXHAUSTION
+    throws = _check_native(options, own, actor=actor)
+    merged: dict[str, Any] = {}
+    stated = native_options(options)
+    if stated or native.custom:
+        fields = native_policy_fields(options, native)
+        overridden = set(default_stated or {}) - {
+            field for field, source in NATIVE_FIELDS.items() if source in stated}
+        merged = {k: v for k, v in fields.items() if k not in overridden}
+    merged.update(own)
+    if throws:
+        prior = own.get("non_retryable_errors", [])
+        if isinstance(prior, (list, tuple)):  # anything else is left for the schema to refuse
+            merged["non_retryable_errors"] = [*prior, *throws]
     return policy_option(merged or None, base=default, where=f"actor {actor!r}")
 
 
@@ -174,9 +182,9 @@ def check_message_options(options: dict[str, Any], *, actor: str) -> None:
         policy_option(value, base=RetryPolicy(), where=f"message for {actor!r}")
 
 
-def _translate(options: Mapping[str, Any], own: Mapping[str, Any], *,
-               actor: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _check_native(options: Mapping[str, Any], own: Mapping[str, Any], *,
+                  actor: str) -> list[str]:
+    """Validate the actor's Dramatiq retry options; the error types its ``throws`` names."""
     if "max_retries" in options:
         retries = options["max_retries"]
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
@@ -184,22 +192,18 @@ def _translate(options: Mapping[str, Any], own: Mapping[str, Any], *,
         if "max_attempts" in own:
             raise _rejected("max_retries", f"actor {actor!r} gives both max_retries and "
                                            "retry_policy.max_attempts; keep max_attempts")
-        out["max_attempts"] = retries + 1
-    for name, field in (("min_backoff", "initial_interval"), ("max_backoff", "max_interval")):
+    for name in ("min_backoff", "max_backoff"):
         if name in options:
             millis = options[name]
             if isinstance(millis, bool) or not isinstance(millis, (int, float)) or millis <= 0:
                 raise _rejected(name, f"actor {actor!r}: {name} must be milliseconds > 0")
-            out[field] = format_duration(timedelta(milliseconds=millis))
-    if options.get("throws"):
-        throws = options["throws"]
-        classes = throws if isinstance(throws, tuple) else (throws,)
-        if not all(isinstance(k, type) and issubclass(k, BaseException) for k in classes):
-            raise _rejected("throws", f"actor {actor!r}: throws must be exception classes")
-        prior = own.get("non_retryable_errors", [])
-        if isinstance(prior, (list, tuple)):  # anything else is left for the schema to refuse
-            out["non_retryable_errors"] = [*prior, *(error_type_of(k) for k in classes)]
-    return out
+    if not options.get("throws"):
+        return []
+    throws = options["throws"]
+    classes = throws if isinstance(throws, tuple) else (throws,)
+    if not all(isinstance(k, type) and issubclass(k, BaseException) for k in classes):
+        raise _rejected("throws", f"actor {actor!r}: throws must be exception classes")
+    return [error_type_of(k) for k in classes]
 
 
 def _invalid(exc: OjsValidationError, where: str) -> InvalidRetryPolicy:

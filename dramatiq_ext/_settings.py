@@ -2,8 +2,9 @@
 
 ``OjsRetries`` takes the place of Dramatiq's ``Retries``: the first time it sees the
 broker (an actor declared, a message sent, a worker booted) it puts itself in
-``Retries``' slot of ``broker.middleware`` and a no-op in its own (logged at DEBUG; a
-WARNING if that ``Retries`` had settings of its own, ``_notices``). The slot matters:
+``Retries``' slot of ``broker.middleware`` and a no-op in its own (logged at DEBUG); the
+settings of a ``Retries`` the user configured become every actor's native defaults
+(``_native``; an INFO line, a WARNING for what cannot carry over, ``_notices``). The slot matters:
 ``after_*`` hooks run in reverse order, so there its ``after_process_message`` runs
 before ``Results``, ``Callbacks`` and the rest, which then see the decided job record.
 The list keeps its length, so a swap during a hook's loop neither skips nor repeats one.
@@ -23,6 +24,7 @@ from dramatiq.middleware import Middleware, Retries
 
 from dramatiq_ext._callbacks import quiet_unrun
 from dramatiq_ext._handoff import Publisher, is_redis
+from dramatiq_ext._native import STOCK, defaults_of
 from dramatiq_ext._notices import check_prometheus, check_store, replaced_retries
 from dramatiq_ext._options import (
     BUDGET_OPTION,
@@ -101,6 +103,8 @@ class RetriesSettings(Middleware):
         self._stores: weakref.WeakKeyDictionary[Broker, RecordStore] = weakref.WeakKeyDictionary()
         self._stores_lock = threading.Lock()
         self._actor_policies: dict[str, RetryPolicy] = {}
+        #: The replaced ``Retries``' settings, the fallback of native options (``_native``).
+        self.native_defaults = STOCK
         self._actor_budgets: dict[str, str | None] = {}
         self._retry_budgets = retry_budgets
         self._default_budgets: weakref.WeakKeyDictionary[Broker, RetryBudgets] = (
@@ -134,7 +138,7 @@ class RetriesSettings(Middleware):
             actor = broker.get_actor(actor_name)
             policy = self._actor_policies[actor_name] = actor_policy(
                 actor.options, self.default_policy, actor=actor_name,
-                default_stated=self._default_stated)
+                default_stated=self._default_stated, native=self.native_defaults)
         return policy
 
     # -- declaring, sending, booting: validation (RET-16) -------------------------------------
@@ -144,7 +148,7 @@ class RetriesSettings(Middleware):
         first = actor.actor_name not in self._actor_policies  # this hook runs twice per actor
         self._actor_policies[actor.actor_name] = actor_policy(
             actor.options, self.default_policy, actor=actor.actor_name,
-            default_stated=self._default_stated)
+            default_stated=self._default_stated, native=self.native_defaults)
         conflict = first and native_conflict(actor.options, actor=actor.actor_name,
                                              default_exhaustion=self._default_exhaustion)
         if conflict:
@@ -187,7 +191,9 @@ class RetriesSettings(Middleware):
                 slots[index] = self
                 if mine is not None:
                     slots[mine] = _ReplacedRetries()
-                level, why = replaced_retries(other)
+                self.native_defaults, lost = defaults_of(other)
+                self._actor_policies.clear()  # any computed without them
+                level, why = replaced_retries(self.native_defaults, lost)
                 self.logger.log(level, "OjsRetries replaced %r at position %d: %s", other,
                                 index, why)
 

@@ -21,7 +21,7 @@ from dramatiq.threading import Interrupt
 from dramatiq_ext import _ack_ride as ack_ride
 from dramatiq_ext._context import clear_current_job, set_current_job
 from dramatiq_ext._ended import RAISED, JobDeadLettered
-from dramatiq_ext._failure import failure_of
+from dramatiq_ext._failure import failure_of, throws_of
 from dramatiq_ext._held_ack import PENDING, AckGate, HandoffPending, Pending
 from dramatiq_ext._lease import (
     LEASE_RENEWER,
@@ -220,7 +220,8 @@ class OjsRetries(RetriesSettings):
         if state.first_attempt_at is None:  # attempt 1 (or sent without it): started now
             started = vars(message).get(_STARTED_AT)
             state = state._replace(first_attempt_at=started or time.time())
-        decision = self._decide(broker, message, policy, state, failure_of(exception))
+        failure = failure_of(exception, throws_of(broker, message))  # Retry vs throws: native
+        decision = self._decide(broker, message, policy, state, failure)
         vars(message)[RAISED] = exception  # what Results stores if the job ends (_ended)
         self._carry_out(broker, message, state, policy, record, decision)
 

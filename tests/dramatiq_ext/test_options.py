@@ -53,16 +53,17 @@ def test_retry_policy_is_a_declared_actor_option() -> None:
 
 def test_dramatiq_max_retries_and_backoff_translate_to_the_policy(stub_env: Env) -> None:
     calls: list[float] = []
-    actor = stub_env.actor(flaky(99, calls), max_retries=2, min_backoff=20, max_backoff=30,
+    actor = stub_env.actor(flaky(99, calls), max_retries=2, min_backoff=20, max_backoff=50,
                            retry_policy={"jitter": False})
     policy = stub_env.ojs.actor_policy(stub_env.broker, actor.actor_name)
-    assert (policy.max_attempts, policy.schedule()) == (3, [0.02, 0.03])
+    # as `ojs-retry migrate --from dramatiq` says: 1.5 x min_backoff (Dramatiq's mean), capped
+    assert (policy.max_attempts, policy.schedule()) == (3, [0.03, 0.05])
     assert policy.on_exhaustion == "dead_letter"  # native parity: Dramatiq fail()s to .XQ
     stub_env.start()
     message = actor.send()
     record = stub_env.wait_record(message.message_id)
     assert len(calls) == 3
-    assert record.extra["countdowns"] == [0.02, 0.03]
+    assert record.extra["countdowns"] == [0.03, 0.05]
     assert (record.outcome, record.dead_lettered) == ("dead_letter", True)
     [dead] = stub_env.dead_letters(expect=1)
     assert dead.message_id == message.message_id

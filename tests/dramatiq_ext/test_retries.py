@@ -296,8 +296,9 @@ def test_ret08_handler_retry_records_its_cause_with_code_retry(env: Env) -> None
 def test_ret08_a_handler_retry_is_never_matched_as_non_retryable(
         env: Env, options: dict[str, Any]) -> None:
     """``raise Retry(delay=...)`` asks for a retry (handler code RETRY): natively Dramatiq
-    retries it whatever ``throws`` lists, even raised from a ``throws`` error, so it is never
-    matched against ``non_retryable_errors``; its delay is a floor on the policy's."""
+    retries it whatever ``throws`` lists (unless Retry is an instance of one of them,
+    test_native_schedule), even raised from a ``throws`` error, so it is never matched
+    against ``non_retryable_errors``; its delay is a floor on the policy's."""
     from dramatiq.errors import Retry
 
     calls: list[float] = []
