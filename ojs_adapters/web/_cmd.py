@@ -67,8 +67,9 @@ def _hosts_option(_ctx: click.Context, _param: click.Parameter,
                    "Without one the console is read-only.")
 @click.option("--show-args", is_flag=True, help="Show job arguments on dead letters.")
 @click.option("--stats", "stats_url", metavar="REDIS_URL",
-              help="Where the workers' enable_stats() writes (default: the broker's or "
-                   "result backend's Redis).")
+              help="Where the workers' enable_stats() writes. Without it: a Redis "
+                   "broker; else the Redis of the workers' RedisRecordStore (Dramatiq "
+                   "--app, or --option records=URL); else the result backend's Redis.")
 @click.option("--stats-prefix", default="ojs-stats", show_default=True)
 def command(framework: str, app: str | None, broker: str | None, queues: tuple[str, ...],
             options: tuple[str, ...], host: str, port: int, hosts: tuple[str, ...],
