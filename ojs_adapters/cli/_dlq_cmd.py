@@ -50,6 +50,7 @@ from ojs_adapters.runtime.dlq import (
     Retention,
     open_dead_letter_queue,
     read_options,
+    round_starts,
 )
 
 
@@ -162,7 +163,11 @@ def show(job_id: str, framework: str, app: str | None, broker: str | None,
                 "attempt", "replay_count", "last_replayed_at"):
         out.print(f"{key}: {data[key]}", markup=False)  # a job's text, not rich markup
     out.print("history:")
-    for entry in found.history:
+    starts = round_starts(found.history, found.replay_count)
+    for entry, start in zip(found.history, starts, strict=True):
+        if start is not None:
+            out.print(f"  -- replayed from the dead-letter queue: round {start} starts "
+                      f"(attempts count from 1 again)")
         out.print(f"  attempt {entry.attempt} {entry.occurred_at} {entry.code} {entry.type}: "
                   f"{entry.message}", markup=False)
     out.print_json(data=data["payload"], default=str)

@@ -41,9 +41,11 @@ from ojs_adapters.runtime.dlq._model import (
     Page,
     ReplayMark,
     closed_round,
+    entry_rounds,
     last_error,
     replay_info,
     replayed_record,
+    round_starts,
 )
 from ojs_adapters.runtime.dlq._prune_hook import prune_hook
 from ojs_adapters.runtime.dlq._queue import (
@@ -105,6 +107,7 @@ __all__ = [
     "Retention",
     "Selection",
     "closed_round",
+    "entry_rounds",
     "expired",
     "frameworks",
     "glob_for",
@@ -119,4 +122,5 @@ __all__ = [
     "read_options",
     "replay_info",
     "replayed_record",
+    "round_starts",
 ]
