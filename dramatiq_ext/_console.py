@@ -15,7 +15,9 @@ passive declare.
 from __future__ import annotations
 
 import heapq
+import logging
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -39,6 +41,8 @@ from ojs_adapters.runtime.stats import StatsReader
 
 #: Messages read per round trip while filtering.
 CHUNK = 500
+#: AMQP's reply code for a queue that does not exist.
+NOT_FOUND = 404
 
 
 def _is_rabbitmq(store: object) -> bool:
@@ -46,6 +50,27 @@ def _is_rabbitmq(store: object) -> bool:
     its module needs pika, which a Redis setup's extras do not install."""
     module = sys.modules.get("dramatiq_ext._dlq_rabbitmq")
     return module is not None and isinstance(store, module.RabbitmqDeadLetters)
+
+
+class _NotFoundQuiet(logging.Filter):
+    """Drops pika's WARNING on a channel closed with 404 (a passive declare of a queue that
+    does not exist) logged by this thread while in the block; other codes, and other
+    threads' warnings, still go through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (record.thread == self.thread and args[:1] == (NOT_FOUND,)
+                    and str(record.msg).startswith("Received remote Channel.Close"))
+
+    def __enter__(self) -> None:
+        logging.getLogger("pika.channel").addFilter(self)
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("pika.channel").removeFilter(self)
 
 
 class DramatiqConsole:
@@ -130,18 +155,24 @@ class DramatiqConsole:
 
     def _sizes(self, names: list[str]) -> dict[str, int]:
         """Messages in each of the RabbitMQ queues ``names`` that exists, by passive
-        declares (nothing is taken)."""
+        declares (nothing is taken); a queue not declared is an answer here, not a
+        warning (``_NotFoundQuiet``), any other refusal is raised."""
         from pika.exceptions import ChannelClosedByBroker
 
         out: dict[str, int] = {}
         channel = None  # one channel, until a 404 closes it
-        for name in names:
-            assert self._amqp is not None
-            channel = channel if channel is not None and channel.is_open else self._amqp._open()
-            try:
-                out[name] = int(channel.queue_declare(name, passive=True).method.message_count)
-            except ChannelClosedByBroker:  # not declared
-                continue
+        with _NotFoundQuiet():
+            for name in names:
+                assert self._amqp is not None
+                if channel is None or not channel.is_open:
+                    channel = self._amqp._open()
+                try:
+                    declared = channel.queue_declare(name, passive=True)
+                except ChannelClosedByBroker as exc:
+                    if exc.reply_code != NOT_FOUND:
+                        raise
+                    continue  # not declared: none dead yet
+                out[name] = int(declared.method.message_count)
         if channel is not None and channel.is_open:
             channel.close()
         return out

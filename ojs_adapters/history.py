@@ -17,8 +17,13 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple
+
+# the clock's stamps live in ``clock``; importable from here as they always were
+from ojs_adapters.clock import iso_from_epoch as iso_from_epoch
+from ojs_adapters.clock import iso_utc as iso_utc
+from ojs_adapters.clock import utc_now as utc_now
 
 #: Entries a record keeps by default, and the least it may be told to keep (RET-15).
 MIN_HISTORY = 10
@@ -38,53 +43,6 @@ MAX_DECODED_ENTRIES = 1000
 JobState = Literal["active", "retryable", "completed", "discarded"]
 #: How a job ended.
 Outcome = Literal["completed", "discarded", "dead_letter", "failed"]
-
-
-def utc_now() -> datetime:
-    """The current time, timezone-aware UTC."""
-    return datetime.now(timezone.utc)
-
-
-def iso_utc(moment: datetime) -> str:
-    """``2026-02-15T10:30:00.123Z``: ISO 8601, UTC, millisecond precision."""
-    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds")[:-6] + "Z"
-
-
-class _SecondStampCache:
-    """The last whole second ``iso_from_epoch`` formatted, and its text: formatting the
-    second is most of the cost of a stamp, and stamps come in bursts within one second.
-
-    One ``(second, text)`` tuple, replaced whole: threads racing on it may format a
-    second twice, but never pair one second with another's text.
-    """
-
-    __slots__ = ("last",)
-
-    def __init__(self) -> None:
-        self.last: tuple[int, str] = (-1, "")
-
-    def text_of(self, whole: int) -> str:
-        """``YYYY-MM-DDTHH:MM:SS`` (UTC) of the POSIX second ``whole``."""
-        second, text = self.last
-        if second != whole:
-            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
-            self.last = (whole, text)
-        return text
-
-
-#: Last-stamp cache of ``iso_from_epoch`` (per process; the core's only mutable state).
-_SECOND_STAMPS = _SecondStampCache()
-
-
-def iso_from_epoch(seconds: float) -> str:
-    """``iso_utc`` for a POSIX timestamp, cheap enough for the decision path.
-
-    >>> iso_from_epoch(1771151400.25)
-    '2026-02-15T10:30:00.250Z'
-    """
-    whole = int(seconds)
-    return "%s.%03dZ" % (_SECOND_STAMPS.text_of(whole),  # noqa: UP031 - fastest here
-                         (seconds - whole) * 1000)
 
 
 def _stamp(now: datetime | None) -> str:

@@ -46,10 +46,11 @@ from ojs_adapters.runtime.dlq import (
     DEFAULT_MAX_COUNT,
     DeadLetter,
     DeadLetterQueue,
-    DeadLetterQueueGiven,
+    OriginalQueueWanted,
     Retention,
     open_dead_letter_queue,
     read_options,
+    round_starts,
 )
 
 
@@ -63,11 +64,8 @@ def _opened(framework: str, app: str | None, broker: str | None, options: tuple[
     try:
         dlq = open_dead_letter_queue(framework, app=app, broker=broker,
                                      queues=[queue] if queue else [], options=settings)
-    except DeadLetterQueueGiven as exc:  # it would look for that queue's own dead letters
-        original = f"--queue {exc.original}" if exc.original else "an original --queue"
-        of = f"of {exc.original!r}" if exc.original else "every queue shares"
-        raise click.BadParameter(f"{exc.queue!r} is the dead-letter queue {of}: pass "
-                                 f"{original}", param_hint="'--queue'") from None
+    except OriginalQueueWanted as exc:  # it would look for that queue's own dead letters
+        raise click.BadParameter(exc.pass_instead(), param_hint="'--queue'") from None
     except (LookupError, ValueError, TypeError, ImportError, AttributeError) as exc:
         raise click.ClickException(str(exc)) from None
     except Exception as exc:  # the broker, reached while opening (Celery on Redis)
@@ -162,7 +160,11 @@ def show(job_id: str, framework: str, app: str | None, broker: str | None,
                 "attempt", "replay_count", "last_replayed_at"):
         out.print(f"{key}: {data[key]}", markup=False)  # a job's text, not rich markup
     out.print("history:")
-    for entry in found.history:
+    starts = round_starts(found.history, found.replay_count)
+    for entry, start in zip(found.history, starts, strict=True):
+        if start is not None:
+            out.print(f"  -- replayed from the dead-letter queue: round {start} starts "
+                      f"(attempts count from 1 again)")
         out.print(f"  attempt {entry.attempt} {entry.occurred_at} {entry.code} {entry.type}: "
                   f"{entry.message}", markup=False)
     out.print_json(data=data["payload"], default=str)

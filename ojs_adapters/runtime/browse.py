@@ -148,8 +148,11 @@ class ConsoleBackend(Protocol):
     """What the console needs of one framework on one broker."""
 
     framework: str
-    #: The dead letters, through the one API ``ojs-retry dlq`` uses (replay, delete...).
-    dead_letters: DeadLetterQueue
+
+    @property
+    def dead_letters(self) -> DeadLetterQueue:
+        """The dead letters, through the one API ``ojs-retry dlq`` uses (replay, delete...);
+        read-only, so an implementation may keep its own kind of queue in an attribute."""
 
     def retry_view(self, stats: StatsReader | None) -> RetryView:
         """The waiting retries; ``stats`` (when the workers record statistics) lists the

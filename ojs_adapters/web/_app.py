@@ -51,10 +51,11 @@ class _Protect(BaseHTTPMiddleware):
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         nonce = request.cookies.get(CSRF_COOKIE)
         request.state.csrf_nonce = nonce or Guard.new_nonce()
+        # the console's root, read before routing: a Mount (/static) moves root_path on
+        root = str(request.scope.get("root_path", "")) or "/"
         response = await call_next(request)
         response.headers.update(SECURITY_HEADERS)
         if not nonce:
-            root = str(request.scope.get("root_path", "")) or "/"
             response.set_cookie(CSRF_COOKIE, request.state.csrf_nonce, httponly=True,
                                 samesite="strict", path=root,
                                 secure=request.url.scheme == "https")

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from ojs_adapters.web._settings import ConsoleSettings
 
 #: Default port of ``ojs-retry web``.
 DEFAULT_PORT = 8642
@@ -67,8 +71,9 @@ def _hosts_option(_ctx: click.Context, _param: click.Parameter,
                    "Without one the console is read-only.")
 @click.option("--show-args", is_flag=True, help="Show job arguments on dead letters.")
 @click.option("--stats", "stats_url", metavar="REDIS_URL",
-              help="Where the workers' enable_stats() writes (default: the broker's or "
-                   "result backend's Redis).")
+              help="Where the workers' enable_stats() writes. Without it: a Redis "
+                   "broker; else the Redis of the workers' RedisRecordStore (Dramatiq "
+                   "--app, or --option records=URL); else the result backend's Redis.")
 @click.option("--stats-prefix", default="ojs-stats", show_default=True)
 def command(framework: str, app: str | None, broker: str | None, queues: tuple[str, ...],
             options: tuple[str, ...], host: str, port: int, hosts: tuple[str, ...],
@@ -90,7 +95,7 @@ def command(framework: str, app: str | None, broker: str | None, queues: tuple[s
                                    f"'ojs-adapters[web]' ({exc})") from None
     if not app and not broker:
         raise click.UsageError("give --app MODULE[:ATTR] or --broker URL")
-    from ojs_adapters.runtime.dlq import read_options
+    from ojs_adapters.runtime.dlq import OriginalQueueWanted, read_options
 
     try:
         settings_options = read_options(framework, options)
@@ -103,8 +108,12 @@ def command(framework: str, app: str | None, broker: str | None, queues: tuple[s
             options=settings_options, tokens=tokens,
             show_args=show_args, stats_url=stats_url, stats_prefix=stats_prefix,
             allowed_hosts=allowed_hosts(host, hosts))
+    except OriginalQueueWanted as exc:  # as 'ojs-retry dlq' says it
+        raise click.BadParameter(exc.pass_instead(), param_hint="'--queue'") from None
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+    if queues:
+        _refuse_dead_letter_queues(settings)
     from ojs_adapters.web._logs import console_logging
 
     console_logging()  # the project's INFO lines, not pika's or kombu's
@@ -118,3 +127,20 @@ def command(framework: str, app: str | None, broker: str | None, queues: tuple[s
                        err=True)
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning",
                 access_log=False)
+
+
+def _refuse_dead_letter_queues(settings: ConsoleSettings) -> None:
+    """Exit 2, as ``ojs-retry dlq`` does, when a ``--queue`` is a dead-letter queue: only the
+    adapter knows its names (Celery's from the app's settings), and it says so before
+    reaching the broker. Anything else the open meets, the console's pages say."""
+    from ojs_adapters.runtime.dlq import OriginalQueueWanted, open_dead_letter_queue
+
+    try:
+        opened = open_dead_letter_queue(settings.framework, app=settings.app,
+                                        broker=settings.broker, queues=settings.queues,
+                                        options=settings.options)
+    except OriginalQueueWanted as exc:
+        raise click.BadParameter(exc.pass_instead(), param_hint="'--queue'") from None
+    except Exception:  # the broker or the app: the console's pages say it, not startup
+        return
+    opened.close()

@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from ojs_adapters.history import JobRecord, utc_now
 from ojs_adapters.runtime.browse import WaitingFilter
-from ojs_adapters.runtime.dlq import Coverage, DeadLetterFilter
+from ojs_adapters.runtime.dlq import Coverage, DeadLetterFilter, entry_rounds, round_starts
 from ojs_adapters.web import _overview
 from ojs_adapters.web._console import Console
 from ojs_adapters.web._trouble import bad_input, trouble
@@ -141,7 +141,8 @@ def letter(request: Request, console: Console) -> Response:
         return console.render(request, "error.html", 404, title="Not found",
                               error=f"no dead letter of job {job_id!r}")
     return console.render(request, "letter.html", title=f"Dead letter {job_id}",
-                          letter=found, details=details)
+                          letter=found, details=details,
+                          starts=round_starts(found.history, found.replay_count))
 
 
 @_guarded
@@ -186,7 +187,8 @@ def timeline(record: JobRecord) -> list[dict[str, Any]]:
     countdowns = list(record.extra.get("countdowns") or [])
     current = record.extra.get("replay_count")
     current = current if isinstance(current, int) and current > 0 else 0
-    rounds = [current if e.replay_round is None else e.replay_round for e in record.errors]
+    rounds = entry_rounds(record.errors, current)
+    starts = round_starts(record.errors, current)
     rows = []
     for i, entry in enumerate(record.errors):
         asked = None
@@ -197,7 +199,7 @@ def timeline(record: JobRecord) -> list[dict[str, Any]]:
             gap = (_parse(record.errors[i + 1].occurred_at) -
                    _parse(entry.occurred_at)).total_seconds()
         rows.append({"entry": entry, "asked": asked, "gap": gap, "round": rounds[i],
-                     "new_round": i > 0 and rounds[i] != rounds[i - 1]})
+                     "new_round": starts[i] is not None})
     return rows
 
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ojs_adapters.runtime.dlq import refuse_delay_queues
+
 #: An auth callable a host application supplies: the request (Starlette's) in, the
 #: operator's name out, or ``None`` for "no write access".
 AuthCallable = Callable[[Any], "str | None"]
@@ -62,6 +64,7 @@ class ConsoleSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allowed_hosts", host_patterns(self.allowed_hosts))
+        refuse_delay_queues(self.framework, self.queues)  # DelayQueueGiven: no dead letters
         for name, token in self.tokens.items():
             if len(token) < MIN_TOKEN_CHARS:
                 raise ValueError(f"the token of {name!r} is shorter than {MIN_TOKEN_CHARS} "

@@ -338,7 +338,8 @@ def test_dlq_refuses_a_dead_letter_queue_s_name_where_the_original_queue_goes(
                f"'{queue}': pass --queue {queue}" in refused.output
         listed = run(framework, *by_url, "--queue", queue, "--json")
         assert listed.exit_code == 0 and json.loads(listed.stdout)["total"] == 0, listed.output
-    assert run("dramatiq", *by_url, "--queue", f"{queue}.DQ").exit_code == 0  # not dead letters
+    delay = run("dramatiq", *by_url, "--queue", f"{queue}.DQ")  # Dramatiq's delay queue
+    assert delay.exit_code == 2 and f"pass --queue {queue}" in delay.output, delay.output
     CELERY_APP = Celery("trial", broker=redis_url, set_as_current=False)
     CELERY_APP.conf.ojs_dead_letter_queue = "dlq.{queue}"
     try:

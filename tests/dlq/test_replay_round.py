@@ -18,9 +18,11 @@ from contextlib import ExitStack, contextmanager
 from typing import Any, Protocol
 
 import pytest
+from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from ojs_adapters import JobError, JobRecord
+from ojs_adapters.cli import main
 from ojs_adapters.runtime.dlq import DeadLetterFilter, DeadLetters
 from ojs_adapters.web import ConsoleSettings, create_app
 from ojs_adapters.web._pages import timeline
@@ -29,6 +31,8 @@ from tests.dlq.scenario import wait_for
 #: Two attempts per round, then the dead-letter queue.
 POLICY: dict[str, Any] = {"max_attempts": 2, "initial_interval": "PT0.1S", "jitter": False,
                           "on_exhaustion": "dead_letter"}
+#: The app or broker ``--app tests.dlq.test_replay_round:TARGET`` names while a test runs.
+TARGET: Any = None
 #: What the dead round's end leaves on a record, none of which a new round's may show.
 DEAD_ROUND_KEYS = {"handed_off", "end_reason", "dead_letter_queue"}
 
@@ -37,6 +41,8 @@ class Side(Protocol):
     """One framework on one broker: a job that fails until healed, its workers, its DLQ."""
 
     framework: str
+    target: Any  # the Celery app or Dramatiq broker, for ``--app`` (``TARGET``)
+    queue: str
     healed: threading.Event
     attempts: list[int]  # the attempt number each run of the job saw
 
@@ -64,8 +70,10 @@ def celery_side(broker_name: str) -> Iterator[Side]:
 
     class CelerySide:
         framework = "celery"
+        target = app
 
         def __init__(self) -> None:
+            self.queue = queue
             self.healed, self.attempts = threading.Event(), list[int]()
             self.workers = ExitStack()
 
@@ -124,8 +132,10 @@ def dramatiq_side(broker_name: str, urls: dict[str, str]) -> Iterator[Side]:
 
         class DramatiqSide:
             framework = "dramatiq"
+            target = env.broker
 
             def __init__(self) -> None:
+                self.queue = env.queue
                 self.healed, self.attempts = threading.Event(), list[int]()
 
                 def job() -> None:
@@ -248,6 +258,7 @@ def test_a_replayed_dead_letter_starts_a_new_round(side: Side) -> None:
     app = create_app(ConsoleSettings(framework=side.framework), opener=side.console)
     page = TestClient(app).get(f"/jobs?id={job_id}").text
     assert page.count("round 1 starts") == 1, page
+    shows_its_rounds(side, job_id, app)
 
     side.stop()
     side.healed.set()
@@ -258,3 +269,33 @@ def test_a_replayed_dead_letter_starts_a_new_round(side: Side) -> None:
     assert (done.attempt, done.outcome, done.extra["replay_count"]) == (1, "completed", 2)
     assert rounds_of(done) == [(1, 0), (2, 0), (1, 1), (2, 1)]
     assert not {"end_reason", "dead_letter_queue"} & set(done.extra), done.extra
+
+
+def shows_its_rounds(side: Side, job_id: str, app: Any) -> None:
+    """The dead letter of a job dead in two rounds: ``ojs-retry dlq show`` and the console's
+    dead-letter page mark where round 1 starts, as the job timeline does."""
+    global TARGET
+    dlq = side.dead_letters()
+    try:
+        wait_for(lambda: len(getattr(dlq.show(job_id), "history", ())) == 4,
+                 "the second dead letter")
+    finally:
+        dlq.close()
+    page = TestClient(app).get(f"/dead-letter?id={job_id}&queue={side.queue}").text
+    assert page.count("round 1 starts") == 1, page
+    rows = page[page.index('<table id="history">'):page.index("</table>")]
+    assert rows.index("round 1 starts") > rows.index("<td>2</td>")  # after round 0's two
+
+    TARGET = side.target
+    try:
+        shown = CliRunner().invoke(main, ["dlq", "show", job_id, "--framework", side.framework,
+                                          "--app", "tests.dlq.test_replay_round:TARGET",
+                                          "--queue", side.queue])
+    finally:
+        TARGET = None
+    assert shown.exit_code == 0, shown.output
+    history = shown.stdout.split("history:\n")[1].splitlines()[:5]
+    assert [line.split()[:2] for line in history] == [
+        ["attempt", "1"], ["attempt", "2"], ["--", "replayed"], ["attempt", "1"],
+        ["attempt", "2"]], shown.stdout
+    assert "round 1 starts" in history[2]

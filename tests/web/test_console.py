@@ -242,6 +242,24 @@ def test_mounts_under_a_prefix_in_asgi_and_wsgi_hosts(backend: FakeBackend) -> N
         app_module.open_console_backend = original  # type: ignore[assignment]
 
 
+def test_the_csrf_cookie_set_on_a_static_file_is_the_whole_consoles(
+        backend: FakeBackend) -> None:
+    """A first visit that starts with a static file gets the one CSRF cookie, for the whole
+    console (Path=/, or the mount's prefix), not one for /static and a second for the pages."""
+    client = client_for(backend)
+    first = client.get("/static/console.css")
+    assert first.status_code == 200
+    cookie = first.headers["set-cookie"]
+    assert cookie.startswith("ojs_csrf=") and "Path=/;" in cookie
+    assert "set-cookie" not in client.get("/dead-letters").headers
+
+    settings = ConsoleSettings(framework="celery")
+    host = Starlette(routes=[Mount("/ojs", create_app(settings, opener=lambda: backend))])
+    mounted = TestClient(host)
+    assert "Path=/ojs;" in mounted.get("/ojs/static/console.css").headers["set-cookie"]
+    assert "set-cookie" not in mounted.get("/ojs/dead-letters").headers
+
+
 def test_metrics_give_the_dead_letter_depth_per_queue(backend: FakeBackend) -> None:
     text = client_for(backend).get("/metrics").text
     assert 'ojs_dead_letter_depth{framework="celery",queue="q"} 1.0' in text

@@ -55,3 +55,14 @@ def test_stats_come_from_the_redis_record_stores_redis(redis_url: str, amqp_url:
             disable_stats()
             for key in client.scan_iter(match=f"{prefix}*", count=500):
                 client.delete(key)
+
+
+def test_web_help_says_where_stats_are_looked_for_without_the_option() -> None:
+    from click.testing import CliRunner
+
+    from ojs_adapters.cli import main
+
+    result = CliRunner().invoke(main, ["web", "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "RedisRecordStore" in said and "--option records=URL" in said

@@ -41,9 +41,11 @@ from ojs_adapters.runtime.dlq._model import (
     Page,
     ReplayMark,
     closed_round,
+    entry_rounds,
     last_error,
     replay_info,
     replayed_record,
+    round_starts,
 )
 from ojs_adapters.runtime.dlq._prune_hook import prune_hook
 from ojs_adapters.runtime.dlq._queue import (
@@ -60,12 +62,15 @@ from ojs_adapters.runtime.dlq._registry import (
     ENTRY_POINT_GROUP,
     OPTION_KEYS,
     DeadLetterQueueGiven,
+    DelayQueueGiven,
     Opener,
+    OriginalQueueWanted,
     frameworks,
     load_object,
     named_module_hint,
     open_dead_letter_queue,
     read_options,
+    refuse_delay_queues,
 )
 from ojs_adapters.runtime.dlq._retention import (
     DEFAULT_MAX_AGE,
@@ -96,8 +101,10 @@ __all__ = [
     "DeadLetterQueueGiven",
     "DeadLetterStore",
     "DeadLetters",
+    "DelayQueueGiven",
     "DeleteReport",
     "Opener",
+    "OriginalQueueWanted",
     "Page",
     "QueueListing",
     "ReplayMark",
@@ -105,6 +112,7 @@ __all__ = [
     "Retention",
     "Selection",
     "closed_round",
+    "entry_rounds",
     "expired",
     "frameworks",
     "glob_for",
@@ -117,6 +125,8 @@ __all__ = [
     "originals",
     "prune_hook",
     "read_options",
+    "refuse_delay_queues",
     "replay_info",
     "replayed_record",
+    "round_starts",
 ]

@@ -16,7 +16,7 @@ True
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from fnmatch import fnmatchcase
@@ -195,6 +195,25 @@ def closed_round(errors: tuple[ErrorEntry, ...], replay_round: int) -> tuple[Err
     """
     return tuple(e if e.replay_round is not None else e._replace(replay_round=replay_round)
                  for e in errors)
+
+
+def entry_rounds(history: Sequence[ErrorEntry], current: int) -> list[int]:
+    """The round each entry of ``history`` ran in: its ``replay_round``, else ``current``
+    (the job's ``replay_count``: the round still running, or the one that died last).
+
+    >>> e = ErrorEntry(1, "HANDLER_ERROR", "E", "m", "2026-01-01T00:00:00.000Z")
+    >>> entry_rounds((e._replace(replay_round=0), e), 1)
+    [0, 1]
+    """
+    return [current if e.replay_round is None else e.replay_round for e in history]
+
+
+def round_starts(history: Sequence[ErrorEntry], current: int) -> list[int | None]:
+    """Per entry of ``history``: the round a dead-letter replay starts there (its attempts
+    counted from 1 again), else ``None``; the first entry shown starts none."""
+    rounds = entry_rounds(history, current)
+    return [None if i == 0 or rounds[i] == rounds[i - 1] else rounds[i]
+            for i in range(len(rounds))]
 
 
 def replayed_record(record: JobRecord, mark: ReplayMark) -> JobRecord:

@@ -43,7 +43,23 @@ class Opener(Protocol):
                  options: Mapping[str, str] | None = None) -> DeadLetterQueue: ...
 
 
-class DeadLetterQueueGiven(ValueError):
+class OriginalQueueWanted(ValueError):
+    """A queue to look at is one a framework makes of another (its dead-letter or delay
+    queue): dead letters are looked up by the queue a job was sent to, ``original``
+    (``None`` for a queue every queue shares). ``what`` says what ``queue`` is."""
+
+    def __init__(self, queue: str, original: str | None, what: str) -> None:
+        self.queue, self.original, self.what = queue, original, what
+        name = f", {original!r}" if original else ""
+        super().__init__(f"{queue!r} is {what}: name the original queue{name}")
+
+    def pass_instead(self) -> str:
+        """The command line's words: what ``queue`` is, and the ``--queue`` to pass."""
+        original = f"--queue {self.original}" if self.original else "an original --queue"
+        return f"{self.queue!r} is {self.what}: pass {original}"
+
+
+class DeadLetterQueueGiven(OriginalQueueWanted):
     """A queue to look at is itself a dead-letter queue: adapters take original queues.
 
     ``original`` is the queue it holds the dead letters of (``None`` for a name every
@@ -55,11 +71,36 @@ class DeadLetterQueueGiven(ValueError):
     """
 
     def __init__(self, queue: str, original: str | None) -> None:
-        self.queue, self.original = queue, original
         of = f"of {original!r}" if original else "every queue shares"
-        name = f", {original!r}" if original else ""
-        super().__init__(f"{queue!r} is the dead-letter queue {of}: name the original "
-                         f"queue{name}")
+        super().__init__(queue, original, f"the dead-letter queue {of}")
+
+
+class DelayQueueGiven(OriginalQueueWanted):
+    """A queue to look at is Dramatiq's delay queue (``<queue>.DQ``), where messages wait
+    out a delay (a retry's backoff, ``send_with_options(delay=...)``): it never holds dead
+    letters, and its own dead-letter queue does not exist.
+
+    >>> DelayQueueGiven("q.DQ", "q").pass_instead()  # doctest: +ELLIPSIS
+    "'q.DQ' is Dramatiq's delay queue of 'q' (...): pass --queue q"
+    """
+
+    def __init__(self, queue: str, original: str) -> None:
+        super().__init__(queue, original, f"Dramatiq's delay queue of {original!r} (where "
+                         "messages wait out a retry's or a send's delay; dead letters go to "
+                         f"{original + '.XQ'!r})")
+
+
+def refuse_delay_queues(framework: str, queues: Iterable[str]) -> None:
+    """``DelayQueueGiven`` for the first of ``queues`` that is a Dramatiq delay queue
+    (``<queue>.DQ``, Dramatiq's naming) when ``framework`` is ``"dramatiq"``.
+
+    >>> refuse_delay_queues("celery", ["q.DQ"])  # Celery makes no such queue
+    """
+    if framework != "dramatiq":
+        return
+    for name in queues:
+        if name.endswith(".DQ") and len(name) > 3:
+            raise DelayQueueGiven(name, name[:-3])
 
 
 #: The ``options`` keys each built-in adapter reads (``ojs-retry dlq --option KEY=VALUE``).
@@ -104,12 +145,14 @@ def open_dead_letter_queue(framework: str, *, app: str | None = None, broker: st
                            options: Mapping[str, str] | None = None) -> DeadLetterQueue:
     """The ``DeadLetterQueue`` of ``framework`` (``"celery"`` or ``"dramatiq"``).
 
-    Raises ``LookupError`` when no adapter for it is installed.
+    Raises ``LookupError`` when no adapter for it is installed, ``OriginalQueueWanted``
+    when ``queues`` names a dead-letter or delay queue instead of an original one.
     """
     found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == framework]
     if not found:
         raise LookupError(f"no dead-letter backend for {framework!r}; installed: "
                           f"{', '.join(frameworks()) or 'none'}")
+    refuse_delay_queues(framework, queues)
     opener: Opener = found[0].load()
     return opener(app=app, broker=broker, queues=queues, options=options or {})
 
