@@ -15,9 +15,7 @@ passive declare.
 from __future__ import annotations
 
 import heapq
-import logging
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -28,6 +26,7 @@ from dramatiq.message import Message
 from dramatiq_ext._dlq_common import decoded, undecodable_letter
 from dramatiq_ext._dlq_redis import RedisDeadLetters
 from dramatiq_ext._options import KEY_OPTION
+from dramatiq_ext._quiet_404 import NOT_FOUND, NotFoundQuiet
 from dramatiq_ext._raw_filter import needles as raw_needles
 from dramatiq_ext._raw_filter import passes
 from dramatiq_ext._state import STATE_OPTION
@@ -41,8 +40,6 @@ from ojs_adapters.runtime.stats import StatsReader
 
 #: Messages read per round trip while filtering.
 CHUNK = 500
-#: AMQP's reply code for a queue that does not exist.
-NOT_FOUND = 404
 
 
 def _is_rabbitmq(store: object) -> bool:
@@ -50,27 +47,6 @@ def _is_rabbitmq(store: object) -> bool:
     its module needs pika, which a Redis setup's extras do not install."""
     module = sys.modules.get("dramatiq_ext._dlq_rabbitmq")
     return module is not None and isinstance(store, module.RabbitmqDeadLetters)
-
-
-class _NotFoundQuiet(logging.Filter):
-    """Drops pika's WARNING on a channel closed with 404 (a passive declare of a queue that
-    does not exist) logged by this thread while in the block; other codes, and other
-    threads' warnings, still go through."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.thread = threading.get_ident()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        return not (record.thread == self.thread and args[:1] == (NOT_FOUND,)
-                    and str(record.msg).startswith("Received remote Channel.Close"))
-
-    def __enter__(self) -> None:
-        logging.getLogger("pika.channel").addFilter(self)
-
-    def __exit__(self, *exc: object) -> None:
-        logging.getLogger("pika.channel").removeFilter(self)
 
 
 class DramatiqConsole:
@@ -156,12 +132,12 @@ class DramatiqConsole:
     def _sizes(self, names: list[str]) -> dict[str, int]:
         """Messages in each of the RabbitMQ queues ``names`` that exists, by passive
         declares (nothing is taken); a queue not declared is an answer here, not a
-        warning (``_NotFoundQuiet``), any other refusal is raised."""
+        warning (``NotFoundQuiet``), any other refusal is raised."""
         from pika.exceptions import ChannelClosedByBroker
 
         out: dict[str, int] = {}
         channel = None  # one channel, until a 404 closes it
-        with _NotFoundQuiet():
+        with NotFoundQuiet():
             for name in names:
                 assert self._amqp is not None
                 if channel is None or not channel.is_open:

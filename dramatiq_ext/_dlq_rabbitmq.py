@@ -37,6 +37,7 @@ from dramatiq_ext._dlq_common import (
     replay_message,
     undecodable_letter,
 )
+from dramatiq_ext._quiet_404 import NOT_FOUND, NotFoundQuiet
 from ojs_adapters.runtime.dlq import (
     MANAGEMENT_OFF,
     AmqpAddress,
@@ -48,8 +49,6 @@ from ojs_adapters.runtime.dlq import (
     originals,
 )
 
-#: AMQP reply code for a queue that does not exist.
-_NOT_FOUND = 404
 #: Seconds without a delivery after which a read of a dead-letter queue stops.
 _IDLE = 1.0
 #: The queue of an actor declared without ``queue_name``: looked in when nothing lists queues.
@@ -150,7 +149,7 @@ class RabbitmqDeadLetters:
         try:
             return int(channel.queue_purge(xq_name(queue)).method.message_count)
         except ChannelClosedByBroker as exc:
-            if exc.reply_code != _NOT_FOUND:
+            if exc.reply_code != NOT_FOUND:
                 raise
             return 0
         finally:
@@ -170,10 +169,11 @@ class RabbitmqDeadLetters:
     def _exists(self, queue: str) -> bool:
         channel = self._open()
         try:
-            channel.queue_declare(queue, passive=True)
+            with NotFoundQuiet():  # a missing .XQ is an expected answer, not a warning
+                channel.queue_declare(queue, passive=True)
             return True
         except ChannelClosedByBroker as exc:
-            if exc.reply_code != _NOT_FOUND:
+            if exc.reply_code != NOT_FOUND:
                 raise
             return False
         finally:
@@ -210,7 +210,7 @@ class RabbitmqDeadLetters:
             try:
                 held = _take_all(channel, xq_name(queue))
             except ChannelClosedByBroker as exc:
-                if exc.reply_code != _NOT_FOUND:
+                if exc.reply_code != NOT_FOUND:
                     raise
                 yield channel, []
                 return

@@ -58,3 +58,23 @@ def test_missing_dead_letter_queues_log_no_pika_warning(
         if channel.is_open:
             channel.queue_delete(f"{present}.XQ")
         connection.close()
+
+
+@pytest.mark.broker
+def test_looking_for_the_default_queue_s_dead_letters_logs_no_pika_warning(
+        redis_url: str, amqp_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Without the management API, ``ojs-retry dlq`` and the console ask whether
+    ``default.XQ`` exists (a passive declare): a "no" is not a warning there either."""
+    connection = pika.BlockingConnection(pika.URLParameters(pika_url(amqp_url)))
+    try:
+        connection.channel().queue_delete("default.XQ", if_empty=True)
+    except pika.exceptions.ChannelClosedByBroker:
+        pytest.skip("default.XQ holds someone's dead letters")
+    finally:
+        connection.close()
+    with make_env("rabbitmq", redis_url=redis_url, amqp_url=amqp_url) as env:
+        found = dead_letter_queue(env.broker, discover=True, management="none")
+        with caplog.at_level(logging.INFO, logger="pika"):
+            assert "default" not in found.queues()
+        found.close()
+    assert not _closed_404(caplog), [r.getMessage() for r in _closed_404(caplog)]
