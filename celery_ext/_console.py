@@ -1,17 +1,15 @@
 """The console's view of a Celery app (``ojs_adapters.runtime.browse``; entry point ``console``).
 
-Dead letters come from ``celery_ext.dlq`` (the ``ojs-retry dlq`` API, which replays
-and deletes). On Redis, pages are read on the broker: the ``<queue>.dead_letter`` lists
-are in dead-lettering order (kombu pushes on the left), so a page is one ``LRANGE`` per
-list it spans, counts are ``LLEN``, and only the page is decoded. A filter on task, error
-type or date reads the lists a ``CHUNK`` at a time, keeps what holds the filter's literal
-text, reads the fields it needs from the raw envelopes (``_passes``) and decodes only the
-page. Pages list queue by queue (sorted), oldest first within a queue. On RabbitMQ a queue
-cannot be read without taking it: pages come from the ``DeadLetters`` listing, depths from
-passive declares. A dead-letter queue several queues share (``_dlq_common.shared``) is
-read letter by letter, as the store does: its lists and counts are no one queue's.
+Dead letters come from ``celery_ext.dlq`` (the ``ojs-retry dlq`` API, which replays and
+deletes). On Redis, pages are read on the broker: the ``<queue>.dead_letter`` lists are in
+dead-lettering order (kombu pushes on the left), so a page is one ``LRANGE`` per list it
+spans, counts are ``LLEN``, and only the page is decoded; a filter reads the lists a
+``CHUNK`` at a time and reads its fields from the raw envelopes (``_passes``). Pages list
+queue by queue (sorted), oldest first within a queue. On RabbitMQ a queue cannot be read
+without taking it: pages come from the ``DeadLetters`` listing, depths from passive
+declares. A dead-letter queue several queues share (``_dlq_common.shared``) is read letter
+by letter, as the store does: its lists and counts are no one queue's.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +30,9 @@ from celery_ext._waiting import CeleryRetryView
 from celery_ext.dlq import open_dead_letter_queue
 from celery_ext.records import get_job_record
 from ojs_adapters.history import JobRecord
-from ojs_adapters.runtime.browse import LetterDetails, raw_error_type, raw_string
+from ojs_adapters.runtime.browse import LetterDetails
 from ojs_adapters.runtime.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
+from ojs_adapters.runtime.raw_fields import raw_error_type, raw_string
 from ojs_adapters.runtime.stats import StatsReader
 
 #: Envelopes read per round trip while filtering.

@@ -39,7 +39,7 @@ from celery_ext._parked_index import COPIED_PROPERTIES, index_key, index_parked
 from celery_ext._parking import PARKED_KEY, prefix_of
 from celery_ext.records import CLAIM_SUFFIX, RecordStore
 from ojs_adapters.history import utc_now
-from ojs_adapters.runtime import browse
+from ojs_adapters.runtime import browse, raw_fields
 from ojs_adapters.runtime.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
 from ojs_adapters.runtime.parked_scan import ParkedSetScan, memory_page
 from ojs_adapters.runtime.stats import StatsReader
@@ -194,7 +194,7 @@ class CeleryRetryView(ParkedSetScan):
         queue = key[len(self.prefix):].split("\x06\x16")[0]
         if filters.queue is not None and queue != filters.queue:
             return False
-        task = browse.raw_string(payload, b"task")  # no decoding where the bytes say it
+        task = raw_fields.raw_string(payload, b"task")  # no decoding where the bytes say it
         if task is None:
             task = str((json.loads(payload).get("headers") or {}).get("task"))
         return WaitingFilter(task=filters.task).matches(WaitingRetry(

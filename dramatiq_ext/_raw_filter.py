@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from fnmatch import fnmatchcase
 
-from ojs_adapters.runtime.browse import raw_error_type, raw_string
 from ojs_adapters.runtime.dlq import DeadLetter, DeadLetterFilter
+from ojs_adapters.runtime.raw_fields import raw_error_type, raw_string
 
 
 def needles(filters: DeadLetterFilter) -> list[bytes]:

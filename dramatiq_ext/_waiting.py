@@ -36,7 +36,7 @@ from dramatiq_ext._parking import PARKED_KEY
 from dramatiq_ext._state import MessageState
 from dramatiq_ext.stores import claim
 from ojs_adapters.history import JobRecord, iso_utc, utc_now
-from ojs_adapters.runtime import browse
+from ojs_adapters.runtime import browse, raw_fields
 from ojs_adapters.runtime.browse import WaitingFilter, WaitingPage, WaitingRetry, WaitingSource
 from ojs_adapters.runtime.delay_levels import BITS
 from ojs_adapters.runtime.handoff import HEADER_NAMES, attempt_id
@@ -211,7 +211,7 @@ class DramatiqRetryView(ParkedSetScan):
     def _matches(self, member: bytes, filters: WaitingFilter) -> bool:
         end = member.find(b'"', 2)  # the first item, the .DQ queue, and the actor: raw
         queue = member[2:end].decode() if b"\\" not in member[:end] else None
-        actor = browse.raw_string(member, b"actor_name", escaped=True)
+        actor = raw_fields.raw_string(member, b"actor_name", escaped=True)
         if queue is None or actor is None:
             queue, _redis_id, data = json.loads(member)
             actor = str(json.loads(data).get("actor_name"))

@@ -16,9 +16,9 @@ import pytest
 from celery_ext import _console as celery_console
 from dramatiq_ext import _raw_filter as dramatiq_filter
 from ojs_adapters.history import ErrorEntry, JobRecord
-from ojs_adapters.runtime.browse import raw_error_type, raw_string
 from ojs_adapters.runtime.dlq import DeadLetterFilter
 from ojs_adapters.runtime.handoff import error_headers
+from ojs_adapters.runtime.raw_fields import raw_error_type, raw_string
 
 STAMP = "2026-11-24T10:00:00.000Z"
 FILTERS = [DeadLetterFilter(task_type="billing.charge"), DeadLetterFilter(task_type="billing.*"),
