@@ -44,6 +44,9 @@ from celery_ext._dlq_kombu import KombuDeadLetters
 from celery_ext._dlq_redis import RedisDeadLetters
 from ojs_adapters.runtime.dlq import REPLAY_HEADER, DeadLetters, named_module_hint, replay_info
 
+#: The ``options`` keys ``open_dead_letter_queue`` reads (``ojs-retry dlq --option``).
+OPTION_KEYS = ("backend", "management")
+
 # The helpers the broker stores share live in ``_dlq_common`` (the header and its
 # reader in ``ojs_adapters.runtime.dlq``); kept importable from here.
 __all__ = [

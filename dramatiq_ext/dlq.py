@@ -36,6 +36,9 @@ from ojs_adapters.runtime.dlq import (
     load_object,
 )
 
+#: The ``options`` keys ``open_dead_letter_queue`` reads (``ojs-retry dlq --option``).
+OPTION_KEYS = ("management", "namespace", "records", "records_prefix")
+
 # The helpers the broker stores share live in ``_dlq_common``; kept importable from here.
 __all__ = ["JobRecords", "dead_letter_of", "dead_letter_queue", "open_dead_letter_queue",
            "replay_message"]

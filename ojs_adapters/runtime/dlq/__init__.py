@@ -60,7 +60,6 @@ from ojs_adapters.runtime.dlq._queue import (
 )
 from ojs_adapters.runtime.dlq._registry import (
     ENTRY_POINT_GROUP,
-    OPTION_KEYS,
     DeadLetterQueueGiven,
     DelayQueueGiven,
     Opener,
@@ -87,7 +86,6 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "MANAGEMENT_OFF",
     "MANAGEMENT_TIMEOUT",
-    "OPTION_KEYS",
     "PAGE_SIZE",
     "REPLAY_BATCH",
     "REPLAY_HEADER",

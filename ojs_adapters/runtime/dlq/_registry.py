@@ -103,18 +103,13 @@ def refuse_delay_queues(framework: str, queues: Iterable[str]) -> None:
             raise DelayQueueGiven(name, name[:-3])
 
 
-#: The ``options`` keys each built-in adapter reads (``ojs-retry dlq --option KEY=VALUE``).
-OPTION_KEYS: Mapping[str, tuple[str, ...]] = {
-    "celery": ("backend", "management"),
-    "dramatiq": ("management", "namespace", "records", "records_prefix"),
-}
-
-
 def read_options(framework: str, items: Iterable[str]) -> dict[str, str]:
     """``KEY=VALUE`` items as the ``options`` of ``framework``'s opener; ``ValueError`` naming
     an item without ``=`` or a key the adapter does not read (it would be ignored).
 
-    A framework not in ``OPTION_KEYS`` (another package's adapter) takes any key.
+    The keys are the ``OPTION_KEYS`` of the module holding the framework's ``Opener``; a
+    framework whose module states none, or cannot be imported (its extras are missing: the
+    opener says so), takes any key.
 
     >>> read_options("celery", ["management=none"])
     {'management': 'none'}
@@ -122,7 +117,7 @@ def read_options(framework: str, items: Iterable[str]) -> dict[str, str]:
     Traceback (most recent call last):
     ValueError: unknown key 'namespace' for celery; valid keys: backend, management
     """
-    known = OPTION_KEYS.get(framework)
+    known = _option_keys(framework)
     found: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -220,3 +215,16 @@ def cwd_on_path() -> Iterator[None]:
     finally:
         with suppress(ValueError):
             sys.path.remove(cwd)
+
+
+def _option_keys(framework: str) -> tuple[str, ...] | None:
+    """The ``OPTION_KEYS`` of ``framework``'s opener module, where it states them."""
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == framework]
+    if not found:
+        return None
+    try:
+        module = importlib.import_module(found[0].module)
+    except ImportError:
+        return None
+    keys = getattr(module, "OPTION_KEYS", None)
+    return tuple(keys) if isinstance(keys, (tuple, list)) else None
