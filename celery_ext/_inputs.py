@@ -29,16 +29,18 @@ JITTER_SETTING = "ojs_jitter_source"
 
 class RetryRequested(Exception):
     """Raised by ``OjsTask.retry``: the handler asks for a retry; the policy decides
-    (``_self_retry``: ``max_attempts`` this failure's budget, ``next_call`` new arguments)."""
+    (``_self_retry``: ``max_attempts`` this failure's budget, ``next_call`` new arguments,
+    ``note`` the message of ``exc="..."``, a string Celery's ``Retry`` takes as its text)."""
 
     def __init__(self, exc: BaseException | None, countdown: float | None, *,
                  max_attempts: int | None = None,
-                 next_call: dict[str, Any] | None = None) -> None:
+                 next_call: dict[str, Any] | None = None, note: str | None = None) -> None:
         super().__init__(exc, countdown)
         self.exc = exc
         self.countdown = countdown
         self.max_attempts = max_attempts
         self.next_call = next_call
+        self.note = note
 
 
 def header_policy(task: Any, state: HeaderState) -> RetryPolicy:
@@ -56,7 +58,8 @@ def header_policy(task: Any, state: HeaderState) -> RetryPolicy:
 
 def requested_failure(request: RetryRequested) -> Failure:
     """``self.retry(exc=..., countdown=...)``: a RETRY failure; ``countdown`` a minimum delay."""
-    return requested_retry(request.exc, request.countdown)
+    failure = requested_retry(request.exc, request.countdown)
+    return failure if request.note is None else failure._replace(message=request.note)
 
 
 def lost_failure(record: JobRecord, attempt: int) -> Failure:

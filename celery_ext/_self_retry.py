@@ -1,7 +1,8 @@
 """``OjsTask.retry(...)``: Celery's arguments read as a handler's RETRY request to the policy.
 
 - ``exc`` (else the exception in flight) is the failure recorded; with neither, the entry is
-  ``ojs.retry_requested``: no exception type is made up.
+  ``ojs.retry_requested``: no exception type is made up. A string ``exc`` is that entry's
+  message (Celery's ``Retry`` takes one as its text); any other non-exception is refused.
 - ``countdown`` / ``eta``: the least delay before the next attempt (handler code RETRY,
   ojs-retry.md 7.1: the policy's backoff applies, and wins when longer); as in Celery, a
   ``countdown`` wins over an ``eta``.
@@ -9,8 +10,9 @@
   count), for this call only: Celery's does not carry over to later attempts either.
 - ``args`` / ``kwargs``: what the next attempt runs with (Celery's own merge, ``Task.retry``);
   kept in the job record, so a retry sent again from it carries them too.
-- A spent budget raises in the body, as Celery does: ``exc`` if given, else
-  ``MaxRetriesExceededError``. Caught, the body goes on; uncaught, the job ends per the policy.
+- A spent budget raises in the body, as Celery does: ``exc`` if given, else Celery's own
+  ``MaxRetriesExceededError`` (naming the next call's arguments). Caught, the body goes on;
+  uncaught, the job ends per the policy.
 - Anything else (``throw=False``, ``queue=``, ``priority=``...) raises ``RetryRefused``;
   uncaught, it dead-letters the job (kept, not lost).
 """
@@ -42,27 +44,27 @@ from ojs_adapters.failure import Failure, describe_failure
 LIMIT_ATTRIBUTE = "ojs_retry_limit"
 #: Record extra: the ``args``/``kwargs`` the next attempt runs with, when the body set them.
 NEXT_CALL = "next_call"
+_UNSET = object()
 
 
-def retry_request(task: Any, args: Any, kwargs: Any, exc: BaseException | None, throw: bool,
+def retry_request(task: Any, args: Any, kwargs: Any, exc: Any, throw: bool,
                   eta: Any, countdown: Any, max_retries: Any,
                   options: Mapping[str, Any]) -> RetryRequested:
     """The request ``task.retry(...)`` makes; raises ``RetryRefused`` for an argument the
     policy cannot honour, and what Celery raises when the attempt budget is spent."""
     delay, limit, call = checked(task, args, kwargs, throw, eta, countdown, max_retries,
                                  options)
+    note = _checked_exc(exc)
     request = task.request
     attempt = HeaderState.from_headers(request.headers).attempt
     budget = limit if limit is not None else _policy(task).max_attempts
     if attempt >= budget:  # Celery: retries + 1 > max_retries
         setattr(request, LIMIT_ATTRIBUTE, budget)
         if exc is not None:
-            raise_with_context(exc)
-        raise task.MaxRetriesExceededError(
-            f"Can't retry {task.name}[{request.id}] args:{request.args} "
-            f"kwargs:{request.kwargs}", task_args=request.args, task_kwargs=request.kwargs)
-    return RetryRequested(exc if exc is not None else sys.exc_info()[1], delay,
-                          max_attempts=limit, next_call=call)
+            raise_with_context(exc)  # a message string: Celery's TypeError, as natively
+        raise spent_error(task, args, kwargs)
+    cause = None if note is not None else exc if exc is not None else sys.exc_info()[1]
+    return RetryRequested(cause, delay, max_attempts=limit, next_call=call, note=note)
 
 
 def checked(task: Any, args: Any, kwargs: Any, throw: bool, eta: Any, countdown: Any,
@@ -124,6 +126,37 @@ def eager_call(task: Any, call: Mapping[str, Any]) -> tuple[tuple[Any, ...], dic
     except Retry as made:
         return tuple(made.sig.args), dict(made.sig.kwargs)
     raise AssertionError("Task.retry returned")  # pragma: no cover - it always raises
+
+
+def spent_error(task: Any, args: Any, kwargs: Any) -> BaseException:
+    """Celery's own ``MaxRetriesExceededError`` for a spent budget, made by ``Task.retry``
+    (a budget it finds spent publishes nothing): its text and ``task_args``/``task_kwargs``
+    name the next call's arguments, ``args``/``kwargs`` merged with the request's."""
+    saved = vars(task).get("override_max_retries", _UNSET)
+    try:
+        Task.retry(task, args, kwargs, max_retries=-1)  # any attempt count is over -1
+    except task.MaxRetriesExceededError as made:
+        spent: BaseException = made.with_traceback(None)
+        return spent
+    finally:  # Task.retry leaves this call's max_retries on the shared task object
+        if saved is _UNSET:
+            vars(task).pop("override_max_retries", None)
+        else:
+            task.override_max_retries = saved
+    raise AssertionError("Task.retry went on")  # pragma: no cover - a spent budget raises
+
+
+def _checked_exc(exc: Any) -> str | None:
+    """``exc``'s message when it is a string (Celery's ``Retry`` takes one as its text);
+    anything else but an exception instance raises ``RetryRefused``: Celery stores such a
+    value as the RETRY result, and every later read of the task's state fails."""
+    if isinstance(exc, str):
+        return exc
+    if exc is not None and not isinstance(exc, BaseException):
+        raise RetryRefused(f"OjsTask.retry(exc=...) must be an exception instance (or a "
+                           f"message string), got {type(exc).__name__}", field="exc",
+                           rule="exception instance")
+    return None
 
 
 def _least_delay(task: Any, eta: Any, countdown: Any) -> float | None:

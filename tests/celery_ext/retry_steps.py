@@ -52,6 +52,17 @@ def retrying(task: Any, step: str, n: int) -> str:
             raise task.retry(max_retries=1)
         except MaxRetriesExceededError:
             return f"gave up at {attempt}"
+    if step == "spent-args":  # the budget spent: Celery's error names the next call's args
+        try:
+            raise task.retry(args=(step, n + 1), max_retries=0)
+        except MaxRetriesExceededError as spent:
+            return f"{spent}|{tuple(spent.task_args)}|{spent.task_kwargs}"
+    if step == "exc-message":  # Celery's Retry takes a string as its text
+        if attempt == 1:
+            raise task.retry(exc="the cache is cold")
+        return "ok"
+    if step == "exc-number":  # no exception: Celery would store 5 as the RETRY result
+        raise task.retry(exc=5)
     if step == "refused":
         raise task.retry(exc=ValueError("x"), queue="elsewhere")
     raise AssertionError(f"unknown step {step!r}")

@@ -169,3 +169,39 @@ def test_the_last_failure_is_logged_at_error_with_its_traceback(
     text = logging.Formatter().formatException(logged.exc_info)
     assert 'raise _failure(step.split(":", 1)[1])' in text  # the body's frame
     assert "ValueError: boom" in text
+
+
+def test_max_retries_exceeded_names_the_next_call_s_arguments_as_celery_does(env: Env) -> None:
+    """``self.retry(args=..., max_retries=0)``: Celery builds the next call before it finds
+    the budget spent, so its ``MaxRetriesExceededError`` names those arguments, not the
+    running call's."""
+    result = env.tasks["retrying"].apply_async(("spent-args", 0), queue=env.take_queue())
+    name = env.tasks["retrying"].name
+    assert result.get(**GET) == (f"Can't retry {name}[{result.id}] args:('spent-args', 1) "
+                                 f"kwargs:{{}}|('spent-args', 1)|{{}}")
+
+
+def test_ret08_exc_given_as_a_message_string_retries_as_in_celery(env: Env) -> None:
+    """Celery's ``Retry`` takes ``exc="..."`` as its text and retries: so does the policy,
+    the entry a handler's request (``ojs.retry_requested``) carrying that text."""
+    result = env.tasks["retrying"].apply_async(("exc-message",), queue=env.take_queue())
+    assert result.get(**GET) == "ok"
+    [entry] = _record(env, result.id).errors
+    assert (entry.type, entry.message, entry.handler_code) == (
+        "ojs.retry_requested", "the cache is cold", "RETRY")
+
+
+def test_exc_that_is_no_exception_is_refused_and_the_job_kept(env: Env) -> None:
+    """``self.retry(exc=5)``: Celery stores 5 as the RETRY result and every later read of
+    the task's state fails; here ``RetryRefused`` names ``exc`` and the job is
+    dead-lettered, not lost."""
+    queue = env.take_queue()
+    result = env.tasks["retrying"].apply_async(("exc-number",), queue=queue)
+    with pytest.raises(JobDeadLettered) as info:
+        result.get(**GET)
+    [entry] = info.value.record.errors
+    assert (entry.type, entry.handler_code, entry.code) == (
+        "celery_ext.exceptions.RetryRefused", "DEAD_LETTER", "INVALID_ARGS")
+    assert "exc=" in entry.message and "int" in entry.message
+    [letter] = drain(env.app, f"{queue}.dead_letter", expect=1, timeout=10)
+    assert letter.headers["id"] == result.id
