@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 from celery import signals
+from kombu.exceptions import OperationalError
 
+import celery_ext._retry_send as retry_send_module  # where a retry is published
 from celery_ext import JobDeadLettered, JobDiscarded, get_job_record
+from celery_ext._handoff import backend_retry_of
 from celery_ext.records import RecordStore
 from ojs_adapters import JobRecord
 from ojs_adapters.history import ErrorEntry
@@ -205,3 +208,37 @@ def test_exc_that_is_no_exception_is_refused_and_the_job_kept(env: Env) -> None:
     assert "exc=" in entry.message and "int" in entry.message
     [letter] = drain(env.app, f"{queue}.dead_letter", expect=1, timeout=10)
     assert letter.headers["id"] == result.id
+
+
+def test_a_retry_whose_publish_failed_is_resent_with_the_new_arguments(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``self.retry(args=...)``, and the broker refuses the retry on every try in place: the
+    original is requeued with the new arguments still in the record, its redelivery sends
+    the retry again from it, and attempt 2 runs with them (the call Celery meant to send);
+    once handed off, the record holds them no more."""
+    queue, task = env.take_queue(), env.tasks["retrying"]
+    task_id = str(uuid.uuid4())
+    cuts = backend_retry_of(env.app).tries  # every try of the first hand-off fails
+    seen: list[dict[str, Any]] = []
+    real_retry = retry_send_module.Task.retry
+
+    class _Task:  # Task.retry, its publish cut for this job's first hand-off
+        @staticmethod
+        def retry(sender: Any, *call: Any, **options: Any) -> Any:
+            nonlocal cuts
+            if sender.request.id == task_id:
+                if cuts > 0:
+                    cuts -= 1
+                    raise OperationalError("link cut")
+                if not seen:  # the resend: what the record held since the failed hand-off
+                    seen.append(dict(_record(env, task_id).extra))
+            return real_retry(sender, *call, **options)
+
+    monkeypatch.setattr(retry_send_module, "Task", _Task)
+    said = task.apply_async(("args", 0), task_id=task_id, queue=queue).get(**GET)
+    assert cuts == 0
+    assert seen[0]["next_call"] == {"args": ["args", 10], "kwargs": None}
+    assert (said, CALLS[task_id]) == ("n=10", [(1, 0), (2, 10)])
+    record = _record(env, task_id)
+    assert (record.state, record.attempt) == ("completed", 2)
+    assert "next_call" not in record.extra
