@@ -16,17 +16,22 @@ from tests.celery_ext import retry_steps
 from tests.celery_ext.retry_steps import CALLS
 
 
-@pytest.fixture
-def retrying() -> Any:
+def _retrying(**policy: Any) -> Any:
     app = Celery(f"eager-{uuid.uuid4().hex[:8]}", broker="memory://",
                  backend="cache+memory://", set_as_current=False)
 
     @app.task(shared=False, base=OjsTask, bind=True, name="eager.retrying",
-              retry_policy={"max_attempts": 3, "initial_interval": "PT0.1S", "jitter": False})
+              retry_policy={"max_attempts": 3, "initial_interval": "PT0.1S", "jitter": False,
+                            **policy})
     def task(self: Any, step: str, n: int = 0) -> str:
         return retry_steps.retrying(self, step, n)
 
     return task
+
+
+@pytest.fixture
+def retrying() -> Any:
+    return _retrying()
 
 
 @pytest.mark.parametrize(("step", "said"), [("args", "n=10"), ("kwargs", "n=20"),
@@ -41,6 +46,24 @@ def test_instant_retries_give_self_retry_the_worker_s_meaning(
     assert record is not None
     if step == "bare":
         assert [e.type for e in record.errors] == ["ojs.retry_requested"]
+
+
+def test_ret07_instant_retries_end_a_job_keeping_no_next_arguments() -> None:
+    """``self.retry(exc=ValueError, args=...)`` with ValueError non-retryable, inside
+    ``instant_retries()``: discarded as on a worker, and neither the record stored nor the
+    one ``retries.record()`` gives holds the arguments of a call that never comes."""
+    task = _retrying(non_retryable_errors=["ValueError"])
+    with instant_retries() as retries:
+        result = task.apply(("args-refused-by-policy", 0))
+        built = retries.record(result.id)
+    with pytest.raises(JobDiscarded) as info:
+        result.get()
+    stored = get_job_record(result.id, app=task.app)
+    assert stored is not None and built is not None
+    for record in (info.value.record, stored, built):
+        assert (record.outcome, record.attempt) == ("discarded", 1)
+        assert "next_call" not in record.extra
+    assert len(CALLS[result.id]) == 1
 
 
 def test_ret01_instant_retries_honour_max_retries(retrying: Any) -> None:
