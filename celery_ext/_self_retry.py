@@ -14,7 +14,8 @@
   ``MaxRetriesExceededError`` (naming the next call's arguments). Caught, the body goes on;
   uncaught, the job ends per the policy.
 - Anything else (``throw=False``, ``queue=``, ``priority=``...) raises ``RetryRefused``;
-  uncaught, it dead-letters the job (kept, not lost).
+  uncaught, it dead-letters the job (kept, not lost). So does a call after the attempt
+  ended (``on_failure``, ``after_return``), where the job ends as the policy decided.
 """
 
 from __future__ import annotations
@@ -65,6 +66,15 @@ def retry_request(task: Any, args: Any, kwargs: Any, exc: Any, throw: bool,
         raise spent_error(task, args, kwargs)
     cause = None if note is not None else exc if exc is not None else sys.exc_info()[1]
     return RetryRequested(cause, delay, max_attempts=limit, next_call=call, note=note)
+
+
+def attempt_over() -> RetryRefused:
+    """What ``task.retry(...)`` raises outside its attempt (``on_failure``, ``after_return``):
+    the attempt's outcome is stored and the policy has decided, so there is no failure
+    left to retry; the job ends as decided, neither run again nor lost."""
+    return RetryRefused("OjsTask.retry() was called after the attempt ended (in on_failure "
+                        "or after_return, say): the policy has decided the job's outcome; "
+                        "call it from the task body", field="retry", rule="inside the body")
 
 
 def checked(task: Any, args: Any, kwargs: Any, throw: bool, eta: Any, countdown: Any,

@@ -28,7 +28,7 @@ from celery_ext._parking import install as install_parking
 from celery_ext._policy import reject_celery_retry_options, task_policy
 from celery_ext._replace import SEAT_ATTRIBUTE, hand_over, prepare
 from celery_ext._retry_send import SENDING
-from celery_ext._self_retry import checked, retry_request
+from celery_ext._self_retry import attempt_over, checked, retry_request
 from celery_ext._started import take_over as take_over_track_started
 from ojs_adapters import (
     JobContext,
@@ -235,6 +235,8 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
         if request.called_directly or (request.is_eager and not instant_retries_active()):
             checked(self, args, kwargs, throw, eta, countdown, max_retries, options)
             raise_with_context(exc or Retry("Task can be retried", None))
+        if not request.is_eager and getattr(RUNNING, "id", None) != request.id:
+            raise attempt_over()  # on_failure, after_return...: the policy has decided
         raise retry_request(self, args, kwargs, exc, throw, eta, countdown, max_retries,
                             options)
 

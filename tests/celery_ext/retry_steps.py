@@ -13,8 +13,12 @@ from typing import Any
 
 from celery.exceptions import MaxRetriesExceededError
 
+from celery_ext import OjsTask
+
 #: ``(attempt, n)`` per run, per task id.
 CALLS: dict[str, list[tuple[int, int]]] = defaultdict(list)
+#: ``(hook, what self.retry() raised there)`` per task id (``RetryingInHooks``).
+HOOKED: dict[str, list[tuple[str, str]]] = defaultdict(list)
 _LOCK = threading.Lock()
 
 
@@ -66,3 +70,34 @@ def retrying(task: Any, step: str, n: int) -> str:
     if step == "refused":
         raise task.retry(exc=ValueError("x"), queue="elsewhere")
     raise AssertionError(f"unknown step {step!r}")
+
+
+class RetryingInHooks(OjsTask):
+    """Calls ``self.retry()`` from ``on_failure`` and ``after_return`` (the job's first
+    argument says which), as some Celery code does; notes what it raised, lets it go."""
+
+    def on_failure(self, exc: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        if args[0] == "on_failure":
+            self._retry_in("on_failure", task_id)
+
+    def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any,
+                     einfo: Any) -> None:
+        if args[0] == "after_return":
+            self._retry_in("after_return", task_id)
+
+    def _retry_in(self, hook: str, task_id: str) -> None:
+        try:
+            self.retry(countdown=0.1)
+        except Exception as raised:
+            with _LOCK:
+                HOOKED[task_id].append((hook, type(raised).__name__))
+            raise
+
+
+def hooked(task: Any, step: str) -> str:
+    """The body of a ``RetryingInHooks`` task: fails when ``on_failure`` is to retry."""
+    with _LOCK:
+        CALLS[task.request.id].append((task.ojs.attempt, 0))
+    if step == "on_failure":
+        raise ValueError("permanent")
+    return "ok"

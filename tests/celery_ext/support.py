@@ -171,7 +171,13 @@ def register_tasks(app: Celery) -> dict[str, Any]:
     def retrying(self: Any, step: str, n: int = 0) -> str:
         return retry_steps.retrying(self, step, n)
 
-    return {"scripted": scripted, "timed": timed, "payment": payment, "retrying": retrying}
+    @app.task(shared=False, base=retry_steps.RetryingInHooks, bind=True,
+              name=f"{app.main}.hooked", retry_policy=SCRIPTED_POLICY)
+    def hooked(self: Any, step: str) -> str:
+        return retry_steps.hooked(self, step)
+
+    return {"scripted": scripted, "timed": timed, "payment": payment, "retrying": retrying,
+            "hooked": hooked}
 
 
 @dataclass

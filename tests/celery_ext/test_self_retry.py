@@ -17,14 +17,14 @@ from celery import signals
 from kombu.exceptions import OperationalError
 
 import celery_ext._retry_send as retry_send_module  # where a retry is published
-from celery_ext import JobDeadLettered, JobDiscarded, get_job_record
+from celery_ext import JobDeadLettered, JobDiscarded, RetryRefused, get_job_record
 from celery_ext._handoff import backend_retry_of
 from celery_ext.records import RecordStore
 from ojs_adapters import JobRecord
 from ojs_adapters.history import ErrorEntry
 from ojs_adapters.runtime.handoff import HANDED_OFF
 from tests.celery_ext.conftest import Env
-from tests.celery_ext.retry_steps import CALLS
+from tests.celery_ext.retry_steps import CALLS, HOOKED
 from tests.celery_ext.support import drain, wait_for
 
 GET = {"timeout": 20, "interval": 0.02}
@@ -242,3 +242,35 @@ def test_a_retry_whose_publish_failed_is_resent_with_the_new_arguments(
     record = _record(env, task_id)
     assert (record.state, record.attempt) == ("completed", 2)
     assert "next_call" not in record.extra
+
+
+def test_self_retry_from_after_return_is_refused_and_the_job_stays_completed(env: Env) -> None:
+    """``after_return`` runs once the attempt is over and its outcome stored: its
+    ``self.retry()`` raises ``RetryRefused`` (Celery logs it), the job stays completed and
+    runs once; before, an internal request of the adapter escaped and was dropped."""
+    result = env.tasks["hooked"].apply_async(("after_return",), queue=env.take_queue())
+    assert result.get(**GET) == "ok"
+    wait_for(lambda: HOOKED[result.id])
+    assert HOOKED[result.id] == [("after_return", "RetryRefused")]
+    record = _record(env, result.id)
+    assert (record.state, record.attempt, CALLS[result.id]) == ("completed", 1, [(1, 0)])
+
+
+def test_ret07_self_retry_from_on_failure_is_refused_and_the_job_dead_lettered_once(
+        env: Env) -> None:
+    """The policy ended the job (ValueError non-retryable, RET-07) and ``on_failure`` asks
+    for a retry: ``RetryRefused``, as the attempt is over; the job is dead-lettered once,
+    not run again, not lost. (Celery stores the hook's error over the FAILURE result where
+    its backend lets a later write win, as natively: the memory one.)"""
+    queue = env.take_queue()
+    result = env.tasks["hooked"].apply_async(
+        ("on_failure",), queue=queue,
+        retry_policy={"non_retryable_errors": ["ValueError"], "on_exhaustion": "dead_letter"})
+    with pytest.raises((JobDeadLettered, RetryRefused)):
+        result.get(**GET)
+    wait_for(lambda: HOOKED[result.id])
+    assert HOOKED[result.id][0] == ("on_failure", "RetryRefused")
+    [letter] = drain(env.app, f"{queue}.dead_letter", expect=2, timeout=3)
+    assert letter.headers["id"] == result.id
+    record = _record(env, result.id)
+    assert (record.outcome, record.attempt, CALLS[result.id]) == ("dead_letter", 1, [(1, 0)])
