@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NoReturn
 
-from celery.exceptions import Ignore, TimeLimitExceeded
+from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from celery_ext._conf import setting
 from celery_ext._headers import HeaderState
@@ -59,6 +59,10 @@ def header_policy(task: Any, state: HeaderState) -> RetryPolicy:
 def requested_failure(request: RetryRequested) -> Failure:
     """``self.retry(exc=..., countdown=...)``: a RETRY failure; ``countdown`` a minimum delay."""
     failure = requested_retry(request.exc, request.countdown)
+    if isinstance(request.exc, (SoftTimeLimitExceeded, TimeLimitExceeded)):
+        # ``except SoftTimeLimitExceeded: raise self.retry()``: the attempt timed out, as
+        # when the body lets it go (``_attempt``), the retry asked for
+        failure = failure._replace(catalog_code="HANDLER_TIMEOUT")
     return failure if request.note is None else failure._replace(message=request.note)
 
 

@@ -156,6 +156,28 @@ def test_ret12_killed_pool_process_and_time_limits_consume_one_attempt(
         assert entry.type.endswith(".SoftTimeLimitExceeded")
 
 
+def test_self_retry_after_the_soft_time_limit_retries_once(crashes: Crashes) -> None:
+    """``except SoftTimeLimitExceeded: raise self.retry(countdown=0.3)`` in a prefork
+    worker: one entry for attempt 1, a timeout (HANDLER_TIMEOUT, as when the body lets the
+    exception go) the handler asked to retry (RETRY), its countdown the floor; attempt 2
+    runs once and completes; nothing crashes, nothing runs twice."""
+    with crashes.worker(concurrency=1):
+        soft, marker = crashes.send("soft_then_retry")
+        try:
+            assert soft.get(timeout=30, interval=0.05) == "ok"
+        except BaseException:
+            print(crashes.log_text())
+            raise
+    record = get_job_record(soft.id, app=crashes.client)
+    assert record is not None
+    assert (record.state, record.attempt) == ("completed", 2)
+    [entry] = record.errors
+    assert (entry.attempt, entry.code, entry.handler_code) == (1, "HANDLER_TIMEOUT", "RETRY")
+    assert entry.type.endswith(".SoftTimeLimitExceeded")
+    assert record.extra["countdowns"] == [0.3]
+    assert [r["attempt"] for r in crashes.runs(marker)] == [1, 2]
+
+
 def test_ret12_sigkilled_worker_consumes_exactly_one_attempt(crashes: Crashes) -> None:
     """The whole worker SIGKILLed mid-task: the broker redelivers the same message to a new
     worker, which records HANDLER_PANIC for attempt 1 and retries; the body runs twice."""

@@ -71,3 +71,18 @@ def soft_limited(self: Any, marker: str) -> str:
     if _mark(self, marker) == 1:
         time.sleep(60)
     return "ok"
+
+
+@app.task(shared=False, base=OjsTask, bind=True, name="ojs_crash.soft_then_retry",
+          retry_policy=POLICY, soft_time_limit=0.5)
+def soft_then_retry(self: Any, marker: str) -> str:
+    """Attempt 1 runs past its soft time limit and asks for a retry, as Celery code does
+    (``except SoftTimeLimitExceeded: raise self.retry(countdown=...)``)."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    if _mark(self, marker) == 1:
+        try:
+            time.sleep(60)
+        except SoftTimeLimitExceeded:
+            raise self.retry(countdown=0.3) from None
+    return "ok"
