@@ -5,7 +5,7 @@
   message (Celery's ``Retry`` takes one as its text); any other non-exception is refused.
 - ``countdown`` / ``eta``: the least delay before the next attempt (handler code RETRY,
   ojs-retry.md 7.1: the policy's backoff applies, and wins when longer); as in Celery, a
-  ``countdown`` wins over an ``eta``.
+  ``countdown`` other than 0 wins over an ``eta``.
 - ``max_retries``: this failure's attempt budget, ``max_retries + 1`` attempts (Celery's
   count), for this call only: Celery's does not carry over to later attempts either.
 - ``args`` / ``kwargs``: what the next attempt runs with (Celery's own merge, ``Task.retry``);
@@ -176,7 +176,8 @@ def _least_delay(task: Any, eta: Any, countdown: Any) -> float | None:
             raise RetryRefused(f"OjsTask.retry(countdown=...) must be a finite number of "
                                f"seconds, got {countdown!r}", field="countdown",
                                rule="finite number")
-        return max(0.0, float(countdown))  # a past moment: now, as Celery's ETA would be
+        if countdown or eta is None:  # Celery: a zero countdown gives way to an eta
+            return max(0.0, float(countdown))  # a past moment: now, as Celery's ETA would be
     if eta is None:
         return None
     when = eta

@@ -49,6 +49,11 @@ def retrying(task: Any, step: str, n: int) -> str:
         if attempt == 1:
             raise task.retry(eta=dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=0.4))
         return "ok"
+    if step == "eta-countdown-0":  # Celery: a zero countdown gives way to the eta
+        if attempt == 1:
+            raise task.retry(countdown=0, eta=dt.datetime.now(dt.timezone.utc)
+                             + dt.timedelta(seconds=0.4))
+        return "ok"
     if step == "max-retries":  # one retry, whatever the policy's max_attempts
         raise task.retry(exc=ValueError(f"attempt {attempt}"), max_retries=1)
     if step == "catch-max":  # Celery's documented fallback once retries are spent

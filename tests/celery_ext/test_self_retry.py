@@ -89,6 +89,17 @@ def test_ret08_eta_is_the_least_delay_before_the_next_attempt(env: Env) -> None:
     assert time.time() - sent >= 0.4
 
 
+def test_ret08_a_zero_countdown_gives_way_to_an_eta_as_in_celery(env: Env) -> None:
+    """``self.retry(countdown=0, eta=<0.4 s ahead>)``: Celery converts a countdown to an ETA
+    only when it is not 0, so the eta stands; the next attempt waits for it (RET-11)."""
+    sent = time.time()
+    result = env.tasks["retrying"].apply_async(("eta-countdown-0",), queue=env.take_queue())
+    assert result.get(**GET) == "ok"
+    [countdown] = _record(env, result.id).extra["countdowns"]
+    assert 0.25 < countdown <= 0.4
+    assert time.time() - sent >= 0.4
+
+
 def test_ret01_max_retries_is_this_call_s_budget_and_reraises_exc_when_spent(env: Env) -> None:
     """``self.retry(exc=..., max_retries=1)`` under a 3-attempt policy: two runs, as in
     Celery; the second re-raises ``exc`` in the body and the job ends per the policy."""
