@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from celery_ext._budgets import budget_of
-from celery_ext._current import CONTEXT_ATTRIBUTE
+from celery_ext._current import CONTEXT_ATTRIBUTE, RUNNING
 from celery_ext._headers import HEADER, HeaderState, merged
 from celery_ext._inputs import header_policy, raise_terminal, task_jitter_sample
 from celery_ext._routing import dead_letter_queue_for, queue_of
@@ -108,7 +108,7 @@ class _EagerJob:
         self.save(self.base.started(self.state.attempt))
         self.start()
         try:
-            result = self.task.run(*args, **kwargs)
+            result = self.run(args, kwargs)
         except (Ignore, Reject) as raised:
             # Celery control flow the handler chose: the job ends (nothing requeues here).
             self.save(ended_record(self.base.started(self.state.attempt), raised))
@@ -121,6 +121,15 @@ class _EagerJob:
             self.save(self.base.started(self.state.attempt).completed())
             return True, result
         return False, None
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The body, marked running as on a worker: ``self.retry()`` after it (``on_failure``,
+        ``after_return``) is refused, not a request nothing would carry out."""
+        outer, RUNNING.id = getattr(RUNNING, "id", None), self.request.id
+        try:
+            return self.task.run(*args, **kwargs)
+        finally:
+            RUNNING.id = outer
 
     def start(self) -> None:
         """Show the attempt's context to the body; count it against its retry budget."""

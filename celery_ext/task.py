@@ -235,7 +235,7 @@ class OjsTask(Task):  # type: ignore[misc]  # celery ships no type hints
         if request.called_directly or (request.is_eager and not instant_retries_active()):
             checked(self, args, kwargs, throw, eta, countdown, max_retries, options)
             raise_with_context(exc or Retry("Task can be retried", None))
-        if not request.is_eager and getattr(RUNNING, "id", None) != request.id:
+        if getattr(RUNNING, "id", None) != request.id:
             raise attempt_over()  # on_failure, after_return...: the policy has decided
         raise retry_request(self, args, kwargs, exc, throw, eta, countdown, max_retries,
                             options)

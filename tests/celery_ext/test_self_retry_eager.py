@@ -13,7 +13,7 @@ from celery.exceptions import Retry
 from celery_ext import JobDiscarded, OjsTask, RetryRefused, get_job_record
 from ojs_adapters.testing import instant_retries
 from tests.celery_ext import retry_steps
-from tests.celery_ext.retry_steps import CALLS
+from tests.celery_ext.retry_steps import CALLS, HOOKED
 
 
 def _retrying(**policy: Any) -> Any:
@@ -92,3 +92,23 @@ def test_a_plain_eager_bare_retry_ends_in_celery_s_retry_state(retrying: Any) ->
     result = retrying.apply(("bare",))
     assert (result.state, type(result.result)) == ("RETRY", Retry)
     assert len(CALLS[result.id]) == 1
+
+
+@pytest.mark.parametrize("hook", ["after_return", "on_failure"])
+def test_instant_retries_refuse_self_retry_after_the_attempt(hook: str) -> None:
+    """``self.retry()`` from ``after_return`` or ``on_failure`` inside ``instant_retries()``:
+    ``RetryRefused``, as on a worker (Celery's eager run raises a hook's error from
+    ``apply()``); not an internal request of the adapter; the body ran once."""
+    app = Celery(f"eager-{uuid.uuid4().hex[:8]}", broker="memory://",
+                 backend="cache+memory://", set_as_current=False)
+
+    @app.task(shared=False, base=retry_steps.RetryingInHooks, bind=True, name="eager.hooked",
+              retry_policy={"non_retryable_errors": ["ValueError"]})
+    def hooked(self: Any, step: str) -> str:
+        return retry_steps.hooked(self, step)
+
+    task_id = str(uuid.uuid4())
+    with instant_retries(), pytest.raises(RetryRefused):
+        hooked.apply((hook,), task_id=task_id)
+    assert HOOKED[task_id][0] == (hook, "RetryRefused")
+    assert CALLS[task_id] == [(1, 0)]
