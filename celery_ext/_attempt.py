@@ -37,7 +37,7 @@ from celery_ext._retry_send import send_retry
 from celery_ext._routing import dead_letter_queue_for, queue_of
 from celery_ext._seat import AttemptSeat, logger
 from celery_ext._self_retry import body_failure, next_call, without_call
-from celery_ext._stand_in import stand_in
+from celery_ext._stand_in import retry_text, stand_in
 from celery_ext._started import store_started
 from celery_ext._unstored import expect_success
 from celery_ext.dlq import replay_info
@@ -276,7 +276,8 @@ class Delivery(AttemptSeat):
         if exc is None:  # lost or resent: what Celery stores with the RETRY state, and the
             exc = self.exc = stand_in(last)  # cause should ``end`` follow instead
         try:
-            sent = send_retry(self.task, exc, countdown=countdown, not_before=not_before,
+            sent = send_retry(self.task, exc or retry_text(last), countdown=countdown,
+                              not_before=not_before,
                               queue=self.queue, max_retries=self.policy.max_retries,
                               headers=headers, **next_call(record))
         except OjsBackendError as error:

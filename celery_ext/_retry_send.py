@@ -35,11 +35,12 @@ from ojs_adapters.runtime.delivery import Unpublished
 SENDING = threading.local()
 
 
-def send_retry(task: Any, exc: BaseException | None, *, countdown: float, not_before: float,
+def send_retry(task: Any, exc: BaseException | str | None, *, countdown: float, not_before: float,
                queue: str, max_retries: int | None, headers: Mapping[str, Any],
                args: Any = None, kwargs: Any = None) -> Retry:
     """The ``Retry`` Celery raises once the broker accepted the retry (tried in place on
-    broker errors), with the body's ``args``/``kwargs`` if it gave any (``_self_retry``).
+    broker errors), with the body's ``args``/``kwargs`` if it gave any (``_self_retry``);
+    ``exc`` may be a text, as Celery's ``Retry`` takes one.
     Raises ``OjsBackendError`` if the broker does not accept it, and ``Unpublished`` if it
     cannot be published for another reason (every try would fail)."""
 

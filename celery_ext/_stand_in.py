@@ -18,7 +18,10 @@ from celery.exceptions import TimeLimitExceeded
 
 from ojs_adapters import ErrorEntry, JobError
 from ojs_adapters.catalog import HANDLER_CODES
-from ojs_adapters.failure import RETRY_REQUESTED_TYPE, error_type_of
+from ojs_adapters.failure import RETRY_REQUESTED_TYPE, error_type_of, requested_retry
+
+#: The message of a request entry with no text of its own (a bare ``self.retry()``).
+REQUESTED_MESSAGE = requested_retry(None, None).message
 
 
 def stand_in(entry: ErrorEntry) -> BaseException | None:
@@ -40,6 +43,14 @@ def stand_in(entry: ErrorEntry) -> BaseException | None:
             pass
     code = entry.handler_code if entry.handler_code in HANDLER_CODES else None
     return JobError(entry.type or "ojs.unknown", entry.message, code=code)  # type: ignore[arg-type]
+
+
+def retry_text(entry: ErrorEntry) -> str | None:
+    """The text of ``self.retry(exc="...")`` for Celery's ``Retry`` (its log line, the
+    ``task_retry`` reason), read back from the request's entry; ``None`` for any other."""
+    if entry.type == RETRY_REQUESTED_TYPE and entry.message != REQUESTED_MESSAGE:
+        return entry.message
+    return None
 
 
 def _loaded_class(name: str) -> type[Exception] | None:

@@ -197,9 +197,25 @@ def test_max_retries_exceeded_names_the_next_call_s_arguments_as_celery_does(env
 
 def test_ret08_exc_given_as_a_message_string_retries_as_in_celery(env: Env) -> None:
     """Celery's ``Retry`` takes ``exc="..."`` as its text and retries: so does the policy,
-    the entry a handler's request (``ojs.retry_requested``) carrying that text."""
-    result = env.tasks["retrying"].apply_async(("exc-message",), queue=env.take_queue())
-    assert result.get(**GET) == "ok"
+    the entry a handler's request (``ojs.retry_requested``) carrying that text, and the
+    ``Retry`` Celery logs and hands to ``task_retry`` says it (its ``exc`` ``None``)."""
+    task_id = str(uuid.uuid4())
+    reasons: list[Any] = []
+
+    def note(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
+        if getattr(request, "id", None) == task_id:
+            reasons.append(reason)
+
+    signals.task_retry.connect(note, weak=False)
+    try:
+        result = env.tasks["retrying"].apply_async(("exc-message",), task_id=task_id,
+                                                   queue=env.take_queue())
+        assert result.get(**GET) == "ok"
+        wait_for(lambda: reasons)
+    finally:
+        signals.task_retry.disconnect(note)
+    [reason] = reasons
+    assert (reason.exc, str(reason).split(": ", 1)[1]) == (None, "the cache is cold")
     [entry] = _record(env, result.id).errors
     assert (entry.type, entry.message, entry.handler_code) == (
         "ojs.retry_requested", "the cache is cold", "RETRY")
