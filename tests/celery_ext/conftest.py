@@ -19,7 +19,7 @@ from celery.contrib.testing.worker import start_worker
 from tests.celery_ext.support import Broker, broker_named, register_tasks, wake_for_shutdown
 
 #: Queues each session worker consumes; tests take them one by one.
-QUEUES_PER_WORKER = 48
+QUEUES_PER_WORKER = 72
 
 
 @dataclass
