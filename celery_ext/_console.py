@@ -32,7 +32,7 @@ from celery_ext.records import get_job_record
 from ojs_adapters.history import JobRecord
 from ojs_adapters.runtime.browse import LetterDetails
 from ojs_adapters.runtime.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
-from ojs_adapters.runtime.raw_fields import raw_error_type, raw_string
+from ojs_adapters.runtime.raw_fields import needles, raw_error_type, raw_string
 from ojs_adapters.runtime.stats import StatsReader
 
 #: Envelopes read per round trip while filtering.
@@ -121,7 +121,7 @@ class CeleryConsole:
                         sum(self._lengths(lists).values()))
         total, kept, rest = 0, [], replace(  # the lists are the queue's
             filters, queue=None, since=_aware(filters.since), until=_aware(filters.until))
-        for key, raw, queue in self._scan(lists, _needles(filters)):
+        for key, raw, queue in self._scan(lists, needles(filters)):
             if not _passes(raw, rest):  # exact: the filter's own test
                 continue
             if start <= total < start + per_page:  # only the page is decoded
@@ -191,17 +191,6 @@ class CeleryConsole:
                     if len(raws) < CHUNK:
                         break
                     end -= CHUNK
-
-
-def _needles(filters: DeadLetterFilter) -> list[bytes]:
-    """Literal text every matching raw envelope contains (the part of a pattern before a
-    wildcard); a cheap test before decoding."""
-    out = []
-    for pattern in (filters.task_type, filters.error_type):
-        literal = (pattern or "").split("*")[0].split("?")[0].split("[")[0]
-        if literal:
-            out.append(json.dumps(literal)[1:-1].encode())
-    return out
 
 
 def _passes(raw: bytes, filters: DeadLetterFilter) -> bool:

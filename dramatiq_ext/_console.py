@@ -27,7 +27,6 @@ from dramatiq_ext._dlq_common import decoded, undecodable_letter
 from dramatiq_ext._dlq_redis import RedisDeadLetters
 from dramatiq_ext._options import KEY_OPTION
 from dramatiq_ext._quiet_404 import NOT_FOUND, NotFoundQuiet
-from dramatiq_ext._raw_filter import needles as raw_needles
 from dramatiq_ext._raw_filter import passes
 from dramatiq_ext._state import STATE_OPTION
 from dramatiq_ext._waiting import DramatiqRetryView
@@ -36,6 +35,7 @@ from dramatiq_ext.middleware import OjsRetries
 from ojs_adapters.history import JobRecord
 from ojs_adapters.runtime.browse import LetterDetails
 from ojs_adapters.runtime.dlq import DeadLetter, DeadLetterFilter, DeadLetters, Page
+from ojs_adapters.runtime.raw_fields import needles as raw_needles
 from ojs_adapters.runtime.stats import StatsReader
 
 #: Messages read per round trip while filtering.

@@ -16,17 +16,6 @@ from ojs_adapters.runtime.dlq import DeadLetter, DeadLetterFilter
 from ojs_adapters.runtime.raw_fields import raw_error_type, raw_string
 
 
-def needles(filters: DeadLetterFilter) -> list[bytes]:
-    """Literal text every matching raw message contains (a pattern's part before a
-    wildcard): a cheap test before ``passes``."""
-    out = []
-    for pattern in (filters.task_type, filters.error_type):
-        literal = (pattern or "").split("*")[0].split("?")[0].split("[")[0]
-        if literal:
-            out.append(json.dumps(literal)[1:-1].encode())
-    return out
-
-
 def passes(data: bytes, filters: DeadLetterFilter) -> bool:
     """The filter on actor, error type and ids, read from the raw message's bytes where
     they say a field plainly (``raw_string``: no decoding; the error type from option

@@ -7,7 +7,26 @@ when the bytes do not say the field plainly.
 
 from __future__ import annotations
 
+import json
+
+from ojs_adapters.runtime.dlq import DeadLetterFilter
 from ojs_adapters.runtime.handoff import ERROR_DETAILS_HEADER
+
+
+def needles(filters: DeadLetterFilter) -> list[bytes]:
+    """Literal text every raw message matching ``filters``' task and error patterns
+    contains (a pattern's part before a wildcard, JSON-escaped): a cheap test before
+    reading fields.
+
+    >>> needles(DeadLetterFilter(task_type="billing.*", error_type="*"))
+    [b'billing.']
+    """
+    out = []
+    for pattern in (filters.task_type, filters.error_type):
+        literal = (pattern or "").split("*")[0].split("?")[0].split("[")[0]
+        if literal:
+            out.append(json.dumps(literal)[1:-1].encode())
+    return out
 
 
 def raw_string(raw: bytes, key: bytes, *, escaped: bool = False) -> str | None:
